@@ -1,0 +1,12 @@
+//! Types and rules shared by the Perago operator and sidecar: the `PeragoTask` custom
+//! resource, its validation, Conductor TaskDef rendering, and workspace path rules.
+
+pub mod manifest;
+pub mod paths;
+pub mod schema;
+pub mod task;
+pub mod taskdef;
+pub mod validate;
+
+pub use task::{PeragoTask, PeragoTaskSpec, PeragoTaskStatus};
+pub use validate::{FieldError, validate};

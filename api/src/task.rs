@@ -1,0 +1,577 @@
+//! The `PeragoTask` custom resource: what a user declares about one Conductor task type.
+//!
+//! Field names follow Kubernetes conventions (camelCase); the semantics follow the Python
+//! Perago 0.6.1 task declaration (`@task(...)`, `WorkspaceSpec`, `TaskControls`, `MetricSpec`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SecurityContext, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// API group of every Perago resource.
+pub const GROUP: &str = "perago.io";
+/// The one served and stored version.
+pub const VERSION: &str = "v1alpha1";
+
+/// A Conductor task type whose steps run in a Perago executor pod.
+///
+/// The operator registers the task's Conductor TaskDef, renders the sidecar's task contract,
+/// and runs and scales a Deployment of executor pods for it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "perago.io",
+    version = "v1alpha1",
+    kind = "PeragoTask",
+    plural = "peragotasks",
+    singular = "peragotask",
+    shortname = "ptask",
+    category = "perago",
+    namespaced,
+    status = "PeragoTaskStatus",
+    scale(
+        spec_replicas_path = ".spec.executor.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Task", type_ = "string", json_path = ".spec.taskName"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".status.readyReplicas"
+    ),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueDepth"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        priority = 1,
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message"
+    )
+)]
+#[x_kube(validation = Rule::new("!has(self.controls) || !has(self.controls.publishBudget) || has(self.workspace)").message("publish_budget requires workspace=WorkspaceSpec(...)"))]
+#[serde(rename_all = "camelCase")]
+pub struct PeragoTaskSpec {
+    /// The Conductor task name (TaskDef name). Must not contain `/` or `\`.
+    #[schemars(length(min = 1, max = 255))]
+    pub task_name: String,
+    /// Owner e-mail recorded on the TaskDef.
+    #[schemars(length(min = 1, max = 255))]
+    pub owner_email: String,
+    /// TaskDef description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The lakeFS workspace the body works on. Absent for a workspace-free task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceSpec>,
+    /// JSON Schema (object) of the task's `params`.
+    #[schemars(schema_with = "crate::task::free_form_object")]
+    pub params_schema: Map<String, Value>,
+    /// JSON Schema (object) of the task's `result`.
+    #[schemars(schema_with = "crate::task::free_form_object")]
+    pub result_schema: Map<String, Value>,
+    /// Strict (default): inputs with other top-level keys, or params with undeclared fields,
+    /// fail. Non-strict: other top-level keys are ignored and undeclared params fields are
+    /// dropped at every level before the body sees them.
+    #[serde(default = "default_true")]
+    pub strict_params: bool,
+    /// Runtime metric switches and the application metrics the body may record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricSpec>,
+    /// Retry, timeout, limits and publish budget.
+    #[serde(default)]
+    pub controls: TaskControls,
+    /// The executor pods.
+    pub executor: ExecutorSpec,
+    /// Where Conductor is; falls back to the operator's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conductor: Option<ConductorConnection>,
+    /// Where lakeFS is; falls back to the operator's defaults. Workspace tasks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lakefs: Option<LakeFsConnection>,
+    /// What happens to the Conductor TaskDef when the PeragoTask is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Schema of an arbitrary JSON object kept verbatim by the apiserver.
+pub(crate) fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// The workspace a task body gets: a projection of one lakeFS commit under `prefix`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// lakeFS object-key prefix that becomes the local workspace root; `/` is the repository root.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// A read-only task never publishes.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Checked after download, before the body. A failure is terminal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub pre: Vec<Guardrail>,
+    /// Checked after the body and result validation, before anything is published.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub post: Vec<Guardrail>,
+}
+
+fn default_prefix() -> String {
+    "/".to_owned()
+}
+
+impl Default for WorkspaceSpec {
+    fn default() -> Self {
+        Self {
+            prefix: default_prefix(),
+            read_only: false,
+            pre: Vec::new(),
+            post: Vec::new(),
+        }
+    }
+}
+
+/// One check of the workspace's file shape.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Guardrail {
+    pub kind: GuardrailKind,
+    /// Path (requireFile, requireDir) or glob pattern (requireGlob, forbidGlob), relative to the
+    /// workspace root.
+    pub path: String,
+    /// requireGlob only: fewest matches allowed (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_count: Option<i64>,
+    /// requireGlob only: most matches allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_count: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum GuardrailKind {
+    RequireFile,
+    RequireDir,
+    RequireGlob,
+    ForbidGlob,
+}
+
+impl GuardrailKind {
+    /// The name used in guardrail messages, as Python Perago spells it.
+    pub fn message_name(self) -> &'static str {
+        match self {
+            Self::RequireFile => "require_file",
+            Self::RequireDir => "require_dir",
+            Self::RequireGlob => "require_glob",
+            Self::ForbidGlob => "forbid_glob",
+        }
+    }
+}
+
+/// Metrics the sidecar exports for this task.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricSpec {
+    /// `task_attempt_duration_seconds`.
+    #[serde(default = "default_true")]
+    pub attempts: bool,
+    /// `workspace_io_duration_seconds` and `workspace_io_bytes` (workspace tasks only).
+    #[serde(default = "default_true")]
+    pub workspace_io: bool,
+    /// `busy_slots`.
+    #[serde(default = "default_true")]
+    pub worker_capacity: bool,
+    /// Application metrics the body may record; anything else it records is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub application: Vec<ApplicationMetric>,
+}
+
+impl Default for MetricSpec {
+    fn default() -> Self {
+        Self {
+            attempts: true,
+            workspace_io: true,
+            worker_capacity: true,
+            application: Vec::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationMetric {
+    /// Name without the `app_` prefix the sidecar adds.
+    pub name: String,
+    pub kind: ApplicationMetricKind,
+    /// Label keys the body may set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub labels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ApplicationMetricKind {
+    Histogram,
+    Gauge,
+    /// A histogram of durations in seconds.
+    Timer,
+}
+
+/// Conductor and lakeFS behaviour controls.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskControls {
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    #[serde(default)]
+    pub timeout: TimeoutPolicy,
+    #[serde(default)]
+    pub limits: ExecutionLimits,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_budget: Option<PublishBudget>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    #[serde(default = "default_retry_count")]
+    #[schemars(range(min = 0, max = 10))]
+    pub count: i64,
+    #[serde(default)]
+    pub logic: RetryLogic,
+    #[serde(default = "default_retry_delay")]
+    #[schemars(range(min = 0))]
+    pub delay_seconds: i64,
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub max_delay_seconds: i64,
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub jitter_ms: i64,
+}
+
+fn default_retry_count() -> i64 {
+    3
+}
+fn default_retry_delay() -> i64 {
+    60
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            count: default_retry_count(),
+            logic: RetryLogic::default(),
+            delay_seconds: default_retry_delay(),
+            max_delay_seconds: 0,
+            jitter_ms: 0,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RetryLogic {
+    #[default]
+    Fixed,
+    ExponentialBackoff,
+    LinearBackoff,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeoutPolicy {
+    #[serde(default)]
+    pub policy: TimeoutPolicyKind,
+    /// Hard cap per attempt, from the first poll; 0 means none.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub seconds: i64,
+    /// Longest gap between lease extensions before Conductor times the attempt out.
+    #[serde(default = "default_response_seconds")]
+    #[schemars(range(min = 0))]
+    pub response_seconds: i64,
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub poll_seconds: i64,
+    /// Wall-clock budget across all attempts; 0 means none.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub total_seconds: i64,
+}
+
+fn default_response_seconds() -> i64 {
+    600
+}
+
+impl Default for TimeoutPolicy {
+    fn default() -> Self {
+        Self {
+            policy: TimeoutPolicyKind::default(),
+            seconds: 0,
+            response_seconds: default_response_seconds(),
+            poll_seconds: 0,
+            total_seconds: 0,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TimeoutPolicyKind {
+    Retry,
+    #[default]
+    TimeOutWf,
+    AlertOnly,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutionLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub concurrent_exec_limit: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub rate_limit_frequency_in_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub rate_limit_per_frequency: Option<i64>,
+}
+
+/// Time budget of one publication; all six fields are required.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishBudget {
+    #[schemars(range(min = 0))]
+    pub observed_merge_p99_seconds: i64,
+    #[schemars(range(min = 0))]
+    pub safety_margin_seconds: i64,
+    /// Per-request timeout of the lakeFS merge.
+    #[schemars(range(min = 1))]
+    pub lakefs_merge_timeout_seconds: i64,
+    /// Per-request timeout of the Conductor result update.
+    #[schemars(range(min = 1))]
+    pub conductor_completion_timeout_seconds: i64,
+    /// Drain time the pod gets on shutdown.
+    #[schemars(range(min = 1))]
+    pub worker_shutdown_grace_seconds: i64,
+    /// Upper bound of the lease-extension interval.
+    #[schemars(range(min = 1))]
+    pub heartbeat_interval_seconds: i64,
+}
+
+impl PublishBudget {
+    /// The response timeout the budget needs: merge + completion + shutdown grace + heartbeat.
+    pub fn response_timeout_seconds(&self) -> i64 {
+        self.lakefs_merge_timeout_seconds
+            + self.conductor_completion_timeout_seconds
+            + self.worker_shutdown_grace_seconds
+            + self.heartbeat_interval_seconds
+    }
+}
+
+/// The executor Deployment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("executor.replicas and executor.autoscaling are mutually exclusive"))]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorSpec {
+    /// The task-body container. Its command is run by `perago-runner` once per attempt.
+    pub body: BodyContainer,
+    /// Attempts one pod runs at once.
+    #[serde(default = "default_slots")]
+    #[schemars(range(min = 1, max = 64))]
+    pub slots: i32,
+    /// Fixed number of pods (default 1). Also what HPA or KEDA set through `/scale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replicas: Option<i32>,
+    /// Built-in autoscaling from the Conductor queue depth of the task type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingSpec>,
+    /// Size limit of the shared `perago-work` volume (default 10Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_volume_size_limit: Option<Quantity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Overrides for the sidecar container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar: Option<SidecarOverrides>,
+}
+
+fn default_slots() -> i32 {
+    1
+}
+
+/// The user's task-body container.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BodyContainer {
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// The command run for each attempt (required: the runner wraps it).
+    #[schemars(length(min = 1))]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<EnvFromSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Defaults to the restricted profile when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarOverrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// Replicas follow `ceil(queueDepth / targetQueueDepth)`, clamped to `[minReplicas, maxReplicas]`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must be <= maxReplicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingSpec {
+    /// May be 0: no pods while the queue is empty.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub min_replicas: i32,
+    #[schemars(range(min = 1))]
+    pub max_replicas: i32,
+    /// Scheduled tasks per pod the autoscaler aims for.
+    #[serde(default = "default_target_queue_depth")]
+    #[schemars(range(min = 1))]
+    pub target_queue_depth: i32,
+    /// How long the desired count must stay lower before pods are removed.
+    #[serde(default = "default_stabilization")]
+    #[schemars(range(min = 0))]
+    pub scale_down_stabilization_seconds: i32,
+}
+
+fn default_target_queue_depth() -> i32 {
+    1
+}
+fn default_stabilization() -> i32 {
+    300
+}
+
+/// Conductor endpoint and credentials.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConductorConnection {
+    /// API base URL including `/api`, e.g. `http://conductor:8080/api`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Secret with keys `CONDUCTOR_AUTH_KEY` and `CONDUCTOR_AUTH_SECRET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+}
+
+/// lakeFS endpoint and credentials.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LakeFsConnection {
+    /// lakeFS server URL, e.g. `http://lakefs:8000`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Secret with keys `LAKECTL_CREDENTIALS_ACCESS_KEY_ID` and
+    /// `LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+}
+
+/// Whether deleting the PeragoTask also deletes its Conductor TaskDef.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Keep the TaskDef: running workflows may still reference it.
+    #[default]
+    Retain,
+    Delete,
+}
+
+/// Observed state, kept by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeragoTaskStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, `Reconciling` and `Stalled`, as kstatus reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Desired executor pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Label selector of the executor pods (for `/scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Scheduled tasks waiting in Conductor's queue for this task type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth: Option<i64>,
+    /// SHA-256 of the TaskDef document registered in Conductor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_def_hash: Option<String>,
+}
+
+/// The CustomResourceDefinition as YAML, as committed under `crds/`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let body = serde_yaml::to_string(&PeragoTask::crd()).unwrap_or_default();
+    format!("# Generated by `perago-operator crd`; do not edit.\n{body}")
+}

@@ -1,0 +1,75 @@
+//! The offline subcommands: `crd`, `check -f`, `taskdef -f`.
+//!
+//! Output follows `perago check` / `perago extract`: warnings as `warning: <message>` on
+//! standard error, errors as `error: <message>` (printed by `main`) with exit status 1.
+
+use std::io::Read;
+use std::path::Path;
+
+use perago_api::manifest::{self, ManifestTask};
+use perago_api::{taskdef, validate};
+
+pub fn crd() -> Result<(), String> {
+    print!("{}", perago_api::task::crd_yaml());
+    Ok(())
+}
+
+fn read_manifest(file: &Path) -> Result<Vec<ManifestTask>, String> {
+    let text = if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        text
+    } else {
+        std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?
+    };
+    manifest::parse(&text).map_err(|e| e.to_string())
+}
+
+/// Validate and print warnings; the error names the task and field.
+fn validated(task: &ManifestTask) -> Result<(), String> {
+    let warnings = validate(&task.task.spec)
+        .map_err(|e| format!("document {} ({}): {e}", task.doc, task.display_name()))?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(())
+}
+
+pub fn check(file: &Path) -> Result<(), String> {
+    let tasks = read_manifest(file)?;
+    for task in &tasks {
+        validated(task)?;
+        // Rendering can only fail on what validation already checked; running it proves it.
+        taskdef::render(&task.task.spec).map_err(|e| format!("{}: {e}", task.display_name()))?;
+    }
+    for task in &tasks {
+        println!(
+            "ok: {} (task {})",
+            task.display_name(),
+            task.task.spec.task_name
+        );
+    }
+    Ok(())
+}
+
+pub fn taskdef(file: &Path, output: Option<&Path>) -> Result<(), String> {
+    let tasks = read_manifest(file)?;
+    let [task] = tasks.as_slice() else {
+        return Err(format!(
+            "the manifest holds {} PeragoTasks; taskdef renders exactly one",
+            tasks.len()
+        ));
+    };
+    validated(task)?;
+    let doc =
+        taskdef::render(&task.task.spec).map_err(|e| format!("{}: {e}", task.display_name()))?;
+    match output {
+        Some(path) => taskdef::write_file(path, &doc).map_err(|e| e.to_string()),
+        None => {
+            print!("{}", taskdef::to_file_text(&doc));
+            Ok(())
+        }
+    }
+}
