@@ -167,11 +167,11 @@ pub enum OutputPathError {
 
 /// Write the TaskDef file, creating parent directories, with `perago extract`'s path rules.
 pub fn write_file(path: &Path, doc: &Value) -> Result<(), OutputPathError> {
-    if path.is_dir() {
-        return Err(OutputPathError::Directory);
-    }
     if !path.to_string_lossy().ends_with(".json") {
         return Err(OutputPathError::NotJson);
+    }
+    if path.is_dir() {
+        return Err(OutputPathError::Directory);
     }
     let io = |source| OutputPathError::Io {
         path: path.to_owned(),

@@ -1,1 +1,23 @@
+//! The real-services harness: obtains (builds once, then caches) and starts Conductor OSS,
+//! lakeFS, etcd and kube-apiserver on loopback for tests and the demo.
+//!
+//! Every server runs under `e2e/bin/watchdog`, which stops it when the starting process exits
+//! in any way, so a failed or interrupted test run leaves no server behind.
 
+pub mod process;
+pub mod services;
+
+pub use services::{Selection, Services};
+
+use tokio::sync::OnceCell;
+
+static SHARED: OnceCell<Services> = OnceCell::const_new();
+
+/// Servers shared by every test of one test binary, started on first use. The selection of
+/// the first caller wins, so a test binary should always ask for the same set.
+pub async fn shared(selection: Selection) -> &'static Services {
+    SHARED
+        .get_or_try_init(|| Services::start(selection))
+        .await
+        .unwrap_or_else(|e| panic!("starting the real servers failed: {e:#}"))
+}

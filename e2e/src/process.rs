@@ -1,0 +1,151 @@
+//! Starting third-party servers as watched child processes, and waiting for them to be ready.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// The repository's `e2e/bin` directory (scripts the harness calls).
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("bin")
+}
+
+/// Path of a cached third-party build, obtaining (building or downloading) it when missing.
+pub fn obtain(component: &str) -> Result<PathBuf> {
+    let started = Instant::now();
+    let out = Command::new("bash")
+        .arg(bin_dir().join("obtain"))
+        .arg(component)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running e2e/bin/obtain {component}"))?;
+    if !out.status.success() {
+        bail!("e2e/bin/obtain {component} failed (see its output above)");
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    let path = line
+        .split_whitespace()
+        .nth(1)
+        .with_context(|| format!("e2e/bin/obtain {component} printed {line:?}"))?;
+    if started.elapsed() > Duration::from_secs(5) {
+        eprintln!("[e2e] obtained {component} in {:.0?}", started.elapsed());
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// A free TCP port on loopback. The port is released before returning; the short window in
+/// which another process could take it is acceptable for tests.
+pub fn free_port() -> Result<u16> {
+    let listener =
+        TcpListener::bind("127.0.0.1:0").context("binding an ephemeral loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A server process. It runs under `e2e/bin/watchdog`, which stops it when this process dies
+/// in any way; dropping the handle stops it at once.
+pub struct ServerProcess {
+    name: String,
+    watchdog: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    pub fn spawn(name: &str, command: &mut Command, log: PathBuf) -> Result<Self> {
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let program = command.get_program().to_owned();
+        let args: Vec<_> = command.get_args().map(ToOwned::to_owned).collect();
+        let mut watched = Command::new(bin_dir().join("watchdog"));
+        watched
+            .arg(std::process::id().to_string())
+            .arg("--")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        for (key, value) in command.get_envs() {
+            match value {
+                Some(value) => watched.env(key, value),
+                None => watched.env_remove(key),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            watched.current_dir(dir);
+        }
+        let watchdog = watched
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self {
+            name: name.to_owned(),
+            watchdog,
+            log,
+        })
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last lines of the server's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Fail if the server already exited.
+    pub fn ensure_running(&mut self) -> Result<()> {
+        if let Some(status) = self.watchdog.try_wait()? {
+            bail!(
+                "{} exited ({status}) during start-up; log {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        // SIGTERM lets the watchdog stop the server gracefully (then SIGKILL after 5 s).
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.watchdog.id().to_string())
+            .status();
+        let _ = self.watchdog.wait();
+    }
+}
+
+/// Poll `probe` until it returns true, failing after `limit` or if the server exits.
+pub async fn wait_ready<F, Fut>(
+    server: &mut ServerProcess,
+    limit: Duration,
+    mut probe: F,
+) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        server.ensure_running()?;
+        if probe().await {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "{} was not ready after {limit:?}; log {}:\n{}",
+                server.name,
+                server.log.display(),
+                server.log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
