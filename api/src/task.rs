@@ -410,8 +410,7 @@ impl PublishBudget {
 }
 
 /// The executor Deployment.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
-#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))").message("executor.replicas and executor.autoscaling are mutually exclusive"))]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutorSpec {
     /// The task-body container. Its command is run by `perago-runner` once per attempt.
@@ -420,11 +419,13 @@ pub struct ExecutorSpec {
     #[serde(default = "default_slots")]
     #[schemars(range(min = 1, max = 64))]
     pub slots: i32,
-    /// Fixed number of pods (default 1). Also what HPA or KEDA set through `/scale`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Number of pods; the field behind the `/scale` subresource, so an HPA or KEDA may own
+    /// it. Always present, because the apiserver's `/scale` needs it.
+    #[serde(default = "default_replicas")]
     #[schemars(range(min = 0))]
-    pub replicas: Option<i32>,
-    /// Built-in autoscaling from the Conductor queue depth of the task type.
+    pub replicas: i32,
+    /// Built-in autoscaling from the Conductor queue depth of the task type; when set, the
+    /// operator owns `replicas` (do not also point an HPA at this PeragoTask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
     /// Size limit of the shared `perago-work` volume (default 10Gi).
@@ -444,6 +445,9 @@ pub struct ExecutorSpec {
 }
 
 fn default_slots() -> i32 {
+    1
+}
+fn default_replicas() -> i32 {
     1
 }
 

@@ -307,16 +307,10 @@ fn check_executor(spec: &PeragoTaskSpec) -> Result<(), FieldError> {
             "must be between 1 and 64",
         ));
     }
-    if e.replicas.is_some_and(|r| r < 0) {
+    if e.replicas < 0 {
         return Err(FieldError::new("spec.executor.replicas", "must be >= 0"));
     }
     if let Some(a) = &e.autoscaling {
-        if e.replicas.is_some() {
-            return Err(FieldError::new(
-                "spec.executor",
-                "executor.replicas and executor.autoscaling are mutually exclusive",
-            ));
-        }
         if a.min_replicas < 0
             || a.max_replicas < 1
             || a.target_queue_depth < 1

@@ -1,0 +1,46 @@
+# The front door. `make demo` runs the main job; `make test` runs every test.
+SHELL := /bin/bash
+CARGO ?= cargo
+ENV_FILE ?= .e2e/env
+
+.PHONY: build demo test lint crds check-crds obtain services-up services-down clean
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+## Build (once, then cached outside the repository) every third-party server the tests use.
+obtain:
+	e2e/bin/obtain all
+
+## The main job: example PeragoTasks against real Conductor and kube-apiserver servers.
+demo: obtain
+	$(CARGO) run -q -p perago-e2e --bin perago-demo
+
+## Every test: unit, CLI, the differential test against Python Perago, and the real servers.
+test: obtain
+	$(CARGO) test --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## Regenerate the committed CRD (CI fails when it drifts).
+crds:
+	$(CARGO) run -q -p perago-operator -- crd > crds/peragotasks.perago.io.yaml
+
+check-crds:
+	diff -u crds/peragotasks.perago.io.yaml <($(CARGO) run -q -p perago-operator -- crd)
+
+## Start the real servers in the background; their environment goes to $(ENV_FILE).
+services-up: obtain
+	@mkdir -p $(dir $(ENV_FILE))
+	$(CARGO) build -q -p perago-e2e --bin perago-e2e
+	@rm -f $(ENV_FILE)
+	@nohup target/debug/perago-e2e up --env-file $(ENV_FILE) > $(dir $(ENV_FILE))services.log 2>&1 & echo $$! > $(dir $(ENV_FILE))services.pid
+	@for i in $$(seq 1 300); do [ -s $(ENV_FILE) ] && break; kill -0 $$(cat $(dir $(ENV_FILE))services.pid) 2>/dev/null || { cat $(dir $(ENV_FILE))services.log; exit 1; }; sleep 1; done
+	@cat $(ENV_FILE)
+	@echo "# source $(ENV_FILE) to use them; make services-down stops them"
+
+services-down:
+	@if [ -f $(dir $(ENV_FILE))services.pid ]; then kill $$(cat $(dir $(ENV_FILE))services.pid) 2>/dev/null || true; rm -f $(dir $(ENV_FILE))services.pid; fi
+	@echo "servers stopped"
