@@ -159,9 +159,9 @@ fn unknown_fields(value: &Value, schema: &Value) -> Option<FieldError> {
                     let mut unknown: Vec<&str> = map
                         .keys()
                         .filter(|k| {
-                            !props.contains_key(*k)
-                                && !(path.is_empty()
-                                    && ["apiVersion", "kind", "metadata"].contains(&k.as_str()))
+                            let envelope = path.is_empty()
+                                && ["apiVersion", "kind", "metadata"].contains(&k.as_str());
+                            !(props.contains_key(*k) || envelope)
                         })
                         .map(String::as_str)
                         .collect();

@@ -25,6 +25,8 @@ pub const VERSION: &str = "v1alpha1";
 /// The operator registers the task's Conductor TaskDef, renders the sidecar's task contract,
 /// and runs and scales a Deployment of executor pods for it.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Each printcolumn repeats `type_`; clippy mistakes that for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[kube(
     group = "perago.io",
     version = "v1alpha1",

@@ -1,6 +1,8 @@
 //! The real Conductor server: the HTTP calls the operator and sidecar rely on, and the server
 //! facts the fences depend on (see docs/conductor-facts.md).
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use perago_e2e::{Selection, shared};
@@ -20,7 +22,10 @@ impl Api {
         .await;
         Self {
             base: services.conductor().api_url.clone(),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
         }
     }
 
@@ -30,11 +35,13 @@ impl Api {
     }
 
     async fn get(&self, path: &str) -> (u16, String) {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     async fn post(&self, path: &str, body: &Value) -> (u16, String) {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body)).await
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await
     }
 
     async fn put(&self, path: &str, body: Option<&Value>) -> (u16, String) {
@@ -77,11 +84,20 @@ impl Api {
             if let Some(t) = self.poll(task, worker).await.pop() {
                 return t;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "no task of type {task} was scheduled");
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no task of type {task} was scheduled"
+            );
         }
     }
 
-    async fn update(&self, task: &Value, status: &str, worker: &str, output: Value) -> (u16, String) {
+    async fn update(
+        &self,
+        task: &Value,
+        status: &str,
+        worker: &str,
+        output: Value,
+    ) -> (u16, String) {
         self.post(
             "/tasks",
             &json!({"workflowInstanceId": task["workflowInstanceId"], "taskId": task["taskId"],
@@ -101,7 +117,9 @@ fn taskdef(name: &str, response_seconds: i64) -> Value {
 async fn taskdef_crud_poll_and_complete() {
     let api = Api::new().await;
     let name = "e2e.smoke";
-    let (status, body) = api.post("/metadata/taskdefs", &json!([taskdef(name, 30)])).await;
+    let (status, body) = api
+        .post("/metadata/taskdefs", &json!([taskdef(name, 30)]))
+        .await;
     assert_eq!(status, 200, "{body}");
     let stored = api.json(&format!("/metadata/taskdefs/{name}")).await;
     assert_eq!(stored["responseTimeoutSeconds"], 30);
@@ -113,9 +131,20 @@ async fn taskdef_crud_poll_and_complete() {
     assert_eq!(task["status"], "IN_PROGRESS");
     assert_eq!(task["workerId"], "smoke-worker");
     assert_eq!(task["inputData"]["params"]["n"], 1);
-    let (status, body) = api.update(&task, "COMPLETED", "smoke-worker", json!({"result": {"ok": true}})).await;
+    let (status, body) = api
+        .update(
+            &task,
+            "COMPLETED",
+            "smoke-worker",
+            json!({"result": {"ok": true}}),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body, task["taskId"].as_str().unwrap(), "v1 update answers the task id as text");
+    assert_eq!(
+        body,
+        task["taskId"].as_str().unwrap(),
+        "v1 update answers the task id as text"
+    );
     let workflow = api.json(&format!("/workflow/{wf}?includeTasks=true")).await;
     assert_eq!(workflow["status"], "COMPLETED");
     assert_eq!(workflow["tasks"][0]["outputData"]["result"]["ok"], true);
@@ -128,7 +157,9 @@ async fn taskdef_crud_poll_and_complete() {
 async fn response_timeout_retry_identity_and_silent_late_update() {
     let api = Api::new().await;
     let name = "e2e.retry-facts";
-    let (status, body) = api.post("/metadata/taskdefs", &json!([taskdef(name, 2)])).await;
+    let (status, body) = api
+        .post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
+        .await;
     assert_eq!(status, 200, "{body}");
     let wf = api.start_workflow(name, json!({"params": {"n": 2}})).await;
     let first = api.poll_one(name, "stale-worker").await;
@@ -139,7 +170,9 @@ async fn response_timeout_retry_identity_and_silent_late_update() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (status, body) = api.put(&format!("/workflow/decide/{wf}"), None).await;
     assert!(status == 200 || status == 204, "decide: {status} {body}");
-    let old = api.json(&format!("/tasks/{}", first["taskId"].as_str().unwrap())).await;
+    let old = api
+        .json(&format!("/tasks/{}", first["taskId"].as_str().unwrap()))
+        .await;
     assert_eq!(old["status"], "TIMED_OUT");
     let workflow = api.json(&format!("/workflow/{wf}?includeTasks=true")).await;
     let tasks = workflow["tasks"].as_array().unwrap();
@@ -153,21 +186,49 @@ async fn response_timeout_retry_identity_and_silent_late_update() {
     assert_eq!(retry["referenceTaskName"], first["referenceTaskName"]);
     assert_eq!(retry["taskDefName"], first["taskDefName"]);
     assert_eq!(retry["workflowInstanceId"], first["workflowInstanceId"]);
-    assert_eq!(retry.get("iteration").and_then(Value::as_i64).unwrap_or(0), 0);
-    eprintln!("retry scheduled {:.1?} after the lease lapsed (with decide)", timed_out_at.elapsed());
+    assert_eq!(
+        retry.get("iteration").and_then(Value::as_i64).unwrap_or(0),
+        0
+    );
+    eprintln!(
+        "retry scheduled {:.1?} after the lease lapsed (with decide)",
+        timed_out_at.elapsed()
+    );
 
     // The stale worker's completion is answered 200 and changes nothing.
-    let (status, body) = api.update(&first, "COMPLETED", "stale-worker", json!({"result": {"late": true}})).await;
+    let (status, body) = api
+        .update(
+            &first,
+            "COMPLETED",
+            "stale-worker",
+            json!({"result": {"late": true}}),
+        )
+        .await;
     assert_eq!(status, 200, "late update is accepted silently: {body}");
-    let old = api.json(&format!("/tasks/{}", first["taskId"].as_str().unwrap())).await;
+    let old = api
+        .json(&format!("/tasks/{}", first["taskId"].as_str().unwrap()))
+        .await;
     assert_eq!(old["status"], "TIMED_OUT");
-    assert!(old["outputData"].get("result").is_none(), "late output was not stored: {old}");
+    assert!(
+        old["outputData"].get("result").is_none(),
+        "late output was not stored: {old}"
+    );
 
     let second = api.poll_one(name, "live-worker").await;
     assert_eq!(second["taskId"], retry["taskId"]);
-    let (status, _) = api.update(&second, "COMPLETED", "live-worker", json!({"result": {"ok": true}})).await;
+    let (status, _) = api
+        .update(
+            &second,
+            "COMPLETED",
+            "live-worker",
+            json!({"result": {"ok": true}}),
+        )
+        .await;
     assert_eq!(status, 200);
-    assert_eq!(api.json(&format!("/workflow/{wf}")).await["status"], "COMPLETED");
+    assert_eq!(
+        api.json(&format!("/workflow/{wf}")).await["status"],
+        "COMPLETED"
+    );
 }
 
 /// Lease extension keeps an attempt alive past responseTimeoutSeconds.
@@ -175,7 +236,8 @@ async fn response_timeout_retry_identity_and_silent_late_update() {
 async fn lease_extension_keeps_the_attempt() {
     let api = Api::new().await;
     let name = "e2e.lease";
-    api.post("/metadata/taskdefs", &json!([taskdef(name, 2)])).await;
+    api.post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
+        .await;
     let wf = api.start_workflow(name, json!({"params": {}})).await;
     let task = api.poll_one(name, "leasing-worker").await;
     for _ in 0..4 {
@@ -190,10 +252,20 @@ async fn lease_extension_keeps_the_attempt() {
         assert_eq!(status, 200, "{body}");
         api.put(&format!("/workflow/decide/{wf}"), None).await;
     }
-    let fresh = api.json(&format!("/tasks/{}", task["taskId"].as_str().unwrap())).await;
-    assert_eq!(fresh["status"], "IN_PROGRESS", "4 s > 2 s response timeout, kept alive by extensions");
+    let fresh = api
+        .json(&format!("/tasks/{}", task["taskId"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        fresh["status"], "IN_PROGRESS",
+        "4 s > 2 s response timeout, kept alive by extensions"
+    );
     assert_eq!(fresh["workerId"], "leasing-worker");
-    let (status, _) = api.update(&task, "COMPLETED", "leasing-worker", json!({"result": {}})).await;
+    let (status, _) = api
+        .update(&task, "COMPLETED", "leasing-worker", json!({"result": {}}))
+        .await;
     assert_eq!(status, 200);
-    assert_eq!(api.json(&format!("/workflow/{wf}")).await["status"], "COMPLETED");
+    assert_eq!(
+        api.json(&format!("/workflow/{wf}")).await["status"],
+        "COMPLETED"
+    );
 }

@@ -1,6 +1,8 @@
 //! The real kube-apiserver: the committed CRD installs, and a PeragoTask round-trips through
 //! server-side apply with its defaults, CEL rules and subresources.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -17,20 +19,32 @@ async fn client() -> Client {
     })
     .await;
     let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
     Client::try_from(config).unwrap()
 }
 
 fn repo_file(path: &str) -> String {
-    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)).unwrap()
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path),
+    )
+    .unwrap()
 }
 
 async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&repo_file("crds/peragotasks.perago.io.yaml")).unwrap();
-    crds.patch("peragotasks.perago.io", &PatchParams::apply("perago-e2e").force(), &Patch::Apply(&crd))
-        .await
-        .unwrap();
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&repo_file("crds/peragotasks.perago.io.yaml")).unwrap();
+    crds.patch(
+        "peragotasks.perago.io",
+        &PatchParams::apply("perago-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
     for _ in 0..100 {
         let current = crds.get("peragotasks.perago.io").await.unwrap();
         let established = current
@@ -54,14 +68,24 @@ async fn crd_installs_and_peragotask_round_trips_with_server_side_apply() {
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
 
     let manifest = repo_file("deploy/examples/read-only-task.yaml");
-    let task = perago_api::manifest::parse(&manifest).unwrap().remove(0).task;
+    let task = perago_api::manifest::parse(&manifest)
+        .unwrap()
+        .remove(0)
+        .task;
     let applied = tasks
-        .patch("features-validate", &PatchParams::apply("perago-e2e").force(), &Patch::Apply(&task))
+        .patch(
+            "features-validate",
+            &PatchParams::apply("perago-e2e").force(),
+            &Patch::Apply(&task),
+        )
         .await
         .unwrap();
     let read = tasks.get("features-validate").await.unwrap();
-    assert_eq!(read.spec, task.spec, "the spec survives the apiserver unchanged");
-    assert_eq!(applied.spec.strict_params, true, "schema default");
+    assert_eq!(
+        read.spec, task.spec,
+        "the spec survives the apiserver unchanged"
+    );
+    assert!(applied.spec.strict_params);
     assert_eq!(read.spec.controls.retry.count, 3);
     let managers: Vec<_> = read
         .metadata
@@ -76,15 +100,32 @@ async fn crd_installs_and_peragotask_round_trips_with_server_side_apply() {
     let status = tasks.get_status("features-validate").await.unwrap();
     assert!(status.status.is_none());
     let scale = tasks.get_scale("features-validate").await.unwrap();
-    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(1), "replicas default to 1");
+    assert_eq!(
+        scale.spec.and_then(|s| s.replicas),
+        Some(1),
+        "replicas default to 1"
+    );
 
     // An HPA or KEDA scales through /scale.
     let patched = tasks
-        .patch_scale("features-validate", &PatchParams::default(), &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})))
+        .patch_scale(
+            "features-validate",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
         .await
         .unwrap();
     assert_eq!(patched.spec.and_then(|s| s.replicas), Some(3));
-    assert_eq!(tasks.get("features-validate").await.unwrap().spec.executor.replicas, 3);
+    assert_eq!(
+        tasks
+            .get("features-validate")
+            .await
+            .unwrap()
+            .spec
+            .executor
+            .replicas,
+        3
+    );
 }
 
 #[tokio::test]
@@ -94,7 +135,10 @@ async fn cel_rules_reject_what_the_schema_cannot_express() {
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
 
     let manifest = repo_file("deploy/examples/workspace-free-task.yaml");
-    let mut task = perago_api::manifest::parse(&manifest).unwrap().remove(0).task;
+    let mut task = perago_api::manifest::parse(&manifest)
+        .unwrap()
+        .remove(0)
+        .task;
     task.metadata.name = Some("cel-budget".into());
     task.spec.controls.publish_budget = Some(perago_api::task::PublishBudget {
         observed_merge_p99_seconds: 1,
@@ -104,10 +148,20 @@ async fn cel_rules_reject_what_the_schema_cannot_express() {
         worker_shutdown_grace_seconds: 5,
         heartbeat_interval_seconds: 5,
     });
-    let err = tasks.create(&PostParams::default(), &task).await.unwrap_err();
-    assert!(err.to_string().contains("publish_budget requires workspace=WorkspaceSpec(...)"), "{err}");
+    let err = tasks
+        .create(&PostParams::default(), &task)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("publish_budget requires workspace=WorkspaceSpec(...)"),
+        "{err}"
+    );
 
-    let mut task = perago_api::manifest::parse(&manifest).unwrap().remove(0).task;
+    let mut task = perago_api::manifest::parse(&manifest)
+        .unwrap()
+        .remove(0)
+        .task;
     task.metadata.name = Some("cel-scaling".into());
     task.spec.executor.autoscaling = Some(perago_api::task::AutoscalingSpec {
         min_replicas: 4,
@@ -115,12 +169,28 @@ async fn cel_rules_reject_what_the_schema_cannot_express() {
         target_queue_depth: 1,
         scale_down_stabilization_seconds: 60,
     });
-    let err = tasks.create(&PostParams::default(), &task).await.unwrap_err();
-    assert!(err.to_string().contains("autoscaling.minReplicas must be <= maxReplicas"), "{err}");
+    let err = tasks
+        .create(&PostParams::default(), &task)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("autoscaling.minReplicas must be <= maxReplicas"),
+        "{err}"
+    );
 
-    let mut task = perago_api::manifest::parse(&manifest).unwrap().remove(0).task;
+    let mut task = perago_api::manifest::parse(&manifest)
+        .unwrap()
+        .remove(0)
+        .task;
     task.metadata.name = Some("cel-retry".into());
     task.spec.controls.retry.count = 11;
-    let err = tasks.create(&PostParams::default(), &task).await.unwrap_err();
-    assert!(err.to_string().contains("spec.controls.retry.count"), "{err}");
+    let err = tasks
+        .create(&PostParams::default(), &task)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("spec.controls.retry.count"),
+        "{err}"
+    );
 }

@@ -1,5 +1,7 @@
 //! The real lakeFS server: the calls the workspace transaction is built from.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
@@ -20,11 +22,19 @@ impl Api {
         .await;
         Self {
             base: format!("{}/api/v1", services.lakefs().endpoint),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, String) {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, String) {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -38,14 +48,20 @@ impl Api {
 
     async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
         let (status, text) = self.call(method.clone(), path, body).await;
-        assert!((200..300).contains(&status), "{method} {path}: {status} {text}");
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {text}"
+        );
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     }
 
     async fn upload(&self, repo: &str, branch: &str, path: &str, bytes: &'static [u8]) -> Value {
         let resp = self
             .http
-            .post(format!("{}/repositories/{repo}/branches/{branch}/objects", self.base))
+            .post(format!(
+                "{}/repositories/{repo}/branches/{branch}/objects",
+                self.base
+            ))
             .query(&[("path", path)])
             .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
             .header("Content-Type", "application/octet-stream")
@@ -70,21 +86,40 @@ async fn repository_branch_upload_commit_log_and_squash_merge() {
                     "default_branch": "main"})),
     )
     .await;
-    let base = api.ok(Method::GET, &format!("/repositories/{repo}/branches/main"), None).await;
+    let base = api
+        .ok(
+            Method::GET,
+            &format!("/repositories/{repo}/branches/main"),
+            None,
+        )
+        .await;
     let input_ref = base["commit_id"].as_str().unwrap().to_owned();
 
     // A staging branch from the input commit: the create answer is the source commit as text.
     let created = api
-        .ok(Method::POST, &format!("/repositories/{repo}/branches"), Some(json!({"name": "staging-1", "source": input_ref})))
+        .ok(
+            Method::POST,
+            &format!("/repositories/{repo}/branches"),
+            Some(json!({"name": "staging-1", "source": input_ref})),
+        )
         .await;
     assert_eq!(created, Value::String(input_ref.clone()));
     let (status, body) = api
-        .call(Method::POST, &format!("/repositories/{repo}/branches"), Some(json!({"name": "staging-1", "source": input_ref})))
+        .call(
+            Method::POST,
+            &format!("/repositories/{repo}/branches"),
+            Some(json!({"name": "staging-1", "source": input_ref})),
+        )
         .await;
     assert_eq!(status, 409, "an existing branch is a conflict: {body}");
 
-    let stats = api.upload(repo, "staging-1", "audio/render/a.txt", b"hello").await;
-    assert_eq!(stats["checksum"], "5d41402abc4b2a76b9719d911017c592", "checksum is the content MD5");
+    let stats = api
+        .upload(repo, "staging-1", "audio/render/a.txt", b"hello")
+        .await;
+    assert_eq!(
+        stats["checksum"], "5d41402abc4b2a76b9719d911017c592",
+        "checksum is the content MD5"
+    );
     let try_commit = api
         .ok(
             Method::POST,
@@ -93,7 +128,13 @@ async fn repository_branch_upload_commit_log_and_squash_merge() {
         )
         .await;
     assert_eq!(try_commit["metadata"]["perago.phase"], "try");
-    let listing = api.ok(Method::GET, &format!("/repositories/{repo}/refs/staging-1/objects/ls?prefix=audio/render"), None).await;
+    let listing = api
+        .ok(
+            Method::GET,
+            &format!("/repositories/{repo}/refs/staging-1/objects/ls?prefix=audio/render"),
+            None,
+        )
+        .await;
     assert_eq!(listing["results"][0]["path"], "audio/render/a.txt");
 
     let merged = api
@@ -104,14 +145,36 @@ async fn repository_branch_upload_commit_log_and_squash_merge() {
         )
         .await;
     let confirm = merged["reference"].as_str().unwrap().to_owned();
-    let head = api.ok(Method::GET, &format!("/repositories/{repo}/branches/main"), None).await;
+    let head = api
+        .ok(
+            Method::GET,
+            &format!("/repositories/{repo}/branches/main"),
+            None,
+        )
+        .await;
     assert_eq!(head["commit_id"], confirm.as_str());
 
-    let commit = api.ok(Method::GET, &format!("/repositories/{repo}/commits/{confirm}"), None).await;
-    assert_eq!(commit["parents"], json!([input_ref]), "a squash commit's only parent is the old head");
+    let commit = api
+        .ok(
+            Method::GET,
+            &format!("/repositories/{repo}/commits/{confirm}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        commit["parents"],
+        json!([input_ref]),
+        "a squash commit's only parent is the old head"
+    );
     assert_eq!(commit["metadata"]["perago.phase"], "confirm");
-    assert_eq!(commit["metadata"]["perago.expected_head"], input_ref.as_str());
-    assert!(commit["metadata"].get("perago.seq").is_none(), "staging metadata is not copied by a squash merge");
+    assert_eq!(
+        commit["metadata"]["perago.expected_head"],
+        input_ref.as_str()
+    );
+    assert!(
+        commit["metadata"].get("perago.seq").is_none(),
+        "staging metadata is not copied by a squash merge"
+    );
     assert_eq!(commit["metadata"][".lakefs.merge.strategy"], "default");
 
     let log = api
@@ -121,12 +184,33 @@ async fn repository_branch_upload_commit_log_and_squash_merge() {
             None,
         )
         .await;
-    let ids: Vec<&str> = log["results"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, vec![confirm.as_str(), input_ref.as_str()], "stop_at is inclusive");
+    let ids: Vec<&str> = log["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![confirm.as_str(), input_ref.as_str()],
+        "stop_at is inclusive"
+    );
     assert_eq!(log["pagination"]["has_more"], false);
 
-    let (status, _) = api.call(Method::DELETE, &format!("/repositories/{repo}/branches/staging-1"), None).await;
+    let (status, _) = api
+        .call(
+            Method::DELETE,
+            &format!("/repositories/{repo}/branches/staging-1"),
+            None,
+        )
+        .await;
     assert_eq!(status, 204);
-    let (status, body) = api.call(Method::GET, &format!("/repositories/{repo}/branches/staging-1"), None).await;
+    let (status, body) = api
+        .call(
+            Method::GET,
+            &format!("/repositories/{repo}/branches/staging-1"),
+            None,
+        )
+        .await;
     assert_eq!(status, 404, "{body}");
 }

@@ -1,6 +1,8 @@
 //! The committed CRD under `crds/` is exactly what `perago-operator crd` prints, and it stays
 //! small enough for client-side `kubectl apply` (whose last-applied annotation holds 256 KiB).
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 const ANNOTATION_LIMIT: usize = 262_144;

@@ -27,18 +27,31 @@ async fn main() -> Result<()> {
     })
     .await?;
     let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig)?;
-    let client = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let client = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?,
+    )?;
 
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(repo.join("crds/peragotasks.perago.io.yaml"))?)?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(
+        repo.join("crds/peragotasks.perago.io.yaml"),
+    )?)?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch("peragotasks.perago.io", &PatchParams::apply(MANAGER).force(), &Patch::Apply(&crd)).await?;
+    crds.patch(
+        "peragotasks.perago.io",
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
     crds.get("peragotasks.perago.io").await?;
-    println!("installed CRD peragotasks.perago.io on {}", services.kube().server);
+    println!(
+        "installed CRD peragotasks.perago.io on {}",
+        services.kube().server
+    );
     // Give the apiserver a moment to serve the new resource.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
 
-    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
     let conductor = &services.conductor().api_url;
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let mut examples: Vec<_> = std::fs::read_dir(repo.join("deploy/examples"))?
@@ -47,20 +60,40 @@ async fn main() -> Result<()> {
     examples.sort();
     for path in examples {
         let text = std::fs::read_to_string(&path)?;
-        for item in perago_api::manifest::parse(&text).with_context(|| path.display().to_string())? {
+        for item in
+            perago_api::manifest::parse(&text).with_context(|| path.display().to_string())?
+        {
             let task = item.task;
             let name = task.metadata.name.clone().unwrap_or_default();
             for warning in validate(&task.spec).map_err(|e| anyhow::anyhow!("{name}: {e}"))? {
                 println!("  warning: {warning}");
             }
-            tasks.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&task)).await?;
+            tasks
+                .patch(
+                    &name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&task),
+                )
+                .await?;
             let doc = taskdef::render(&task.spec).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-            let resp = http.post(format!("{conductor}/metadata/taskdefs")).json(&[&doc]).send().await?;
+            let resp = http
+                .post(format!("{conductor}/metadata/taskdefs"))
+                .json(&[&doc])
+                .send()
+                .await?;
             if !resp.status().is_success() {
-                bail!("registering {}: {} {}", task.spec.task_name, resp.status(), resp.text().await?);
+                bail!(
+                    "registering {}: {} {}",
+                    task.spec.task_name,
+                    resp.status(),
+                    resp.text().await?
+                );
             }
             let stored: serde_json::Value = http
-                .get(format!("{conductor}/metadata/taskdefs/{}", task.spec.task_name))
+                .get(format!(
+                    "{conductor}/metadata/taskdefs/{}",
+                    task.spec.task_name
+                ))
                 .send()
                 .await?
                 .json()
@@ -77,7 +110,11 @@ async fn main() -> Result<()> {
         }
     }
     let listed = tasks.list(&Default::default()).await?;
-    println!("{} PeragoTasks stored in the apiserver; finished in {:.1?}", listed.items.len(), started.elapsed());
+    println!(
+        "{} PeragoTasks stored in the apiserver; finished in {:.1?}",
+        listed.items.len(),
+        started.elapsed()
+    );
     drop(services);
     Ok(())
 }
