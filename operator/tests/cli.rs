@@ -229,8 +229,13 @@ fn bad_declarations_name_the_field_and_use_the_reference_messages() {
         ),
         (
             "spec.executor.autoscaling",
-            yaml("{maxReplicas: 3}"),
-            "executor.replicas and executor.autoscaling are mutually exclusive",
+            yaml("{minReplicas: 4, maxReplicas: 3}"),
+            "spec.executor.autoscaling: autoscaling.minReplicas must be <= maxReplicas",
+        ),
+        (
+            "spec.executor.replicas",
+            yaml("-1"),
+            "spec.executor.replicas: must be >= 0",
         ),
         (
             "spec.executor.body.command",
