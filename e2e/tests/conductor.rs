@@ -269,3 +269,32 @@ async fn lease_extension_keeps_the_attempt() {
         "COMPLETED"
     );
 }
+
+/// Without the decide call, the SQLite-queued server notices a lapsed lease only on its own
+/// sweep; this measures how long that takes (docs/conductor-facts.md).
+#[tokio::test]
+async fn sweeper_alone_reschedules_a_lapsed_attempt() {
+    let api = Api::new().await;
+    let name = "e2e.sweeper";
+    api.post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
+        .await;
+    let wf = api.start_workflow(name, json!({"params": {}})).await;
+    let first = api.poll_one(name, "silent-worker").await;
+    let polled = Instant::now();
+    loop {
+        let workflow = api.json(&format!("/workflow/{wf}?includeTasks=true")).await;
+        if workflow["tasks"].as_array().map_or(0, Vec::len) > 1 {
+            assert_eq!(workflow["tasks"][1]["retriedTaskId"], first["taskId"]);
+            eprintln!(
+                "sweeper rescheduled the attempt {:.0?} after the poll (responseTimeoutSeconds=2)",
+                polled.elapsed()
+            );
+            break;
+        }
+        assert!(
+            polled.elapsed() < Duration::from_secs(240),
+            "no retry within 240 s of the poll"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

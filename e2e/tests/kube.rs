@@ -128,69 +128,65 @@ async fn crd_installs_and_peragotask_round_trips_with_server_side_apply() {
     );
 }
 
-#[tokio::test]
-async fn cel_rules_reject_what_the_schema_cannot_express() {
-    let client = client().await;
-    install_crd(&client).await;
-    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
-
+/// Create the workspace-free example, changed by `mutate`, and expect the apiserver to refuse
+/// it with `expected` in the message.
+async fn assert_rejected(
+    tasks: &Api<PeragoTask>,
+    name: &str,
+    mutate: impl FnOnce(&mut PeragoTask),
+    expected: &str,
+) {
     let manifest = repo_file("deploy/examples/workspace-free-task.yaml");
     let mut task = perago_api::manifest::parse(&manifest)
         .unwrap()
         .remove(0)
         .task;
-    task.metadata.name = Some("cel-budget".into());
-    task.spec.controls.publish_budget = Some(perago_api::task::PublishBudget {
-        observed_merge_p99_seconds: 1,
-        safety_margin_seconds: 1,
-        lakefs_merge_timeout_seconds: 5,
-        conductor_completion_timeout_seconds: 5,
-        worker_shutdown_grace_seconds: 5,
-        heartbeat_interval_seconds: 5,
-    });
+    task.metadata.name = Some(name.into());
+    mutate(&mut task);
     let err = tasks
         .create(&PostParams::default(), &task)
         .await
         .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("publish_budget requires workspace=WorkspaceSpec(...)"),
-        "{err}"
-    );
+    assert!(err.to_string().contains(expected), "{name}: {err}");
+}
 
-    let mut task = perago_api::manifest::parse(&manifest)
-        .unwrap()
-        .remove(0)
-        .task;
-    task.metadata.name = Some("cel-scaling".into());
-    task.spec.executor.autoscaling = Some(perago_api::task::AutoscalingSpec {
-        min_replicas: 4,
-        max_replicas: 3,
-        target_queue_depth: 1,
-        scale_down_stabilization_seconds: 60,
-    });
-    let err = tasks
-        .create(&PostParams::default(), &task)
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("autoscaling.minReplicas must be <= maxReplicas"),
-        "{err}"
-    );
-
-    let mut task = perago_api::manifest::parse(&manifest)
-        .unwrap()
-        .remove(0)
-        .task;
-    task.metadata.name = Some("cel-retry".into());
-    task.spec.controls.retry.count = 11;
-    let err = tasks
-        .create(&PostParams::default(), &task)
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("spec.controls.retry.count"),
-        "{err}"
-    );
+#[tokio::test]
+async fn cel_rules_reject_what_the_schema_cannot_express() {
+    let client = client().await;
+    install_crd(&client).await;
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let budget = |t: &mut PeragoTask| {
+        t.spec.controls.publish_budget = Some(perago_api::task::PublishBudget {
+            observed_merge_p99_seconds: 1,
+            safety_margin_seconds: 1,
+            lakefs_merge_timeout_seconds: 5,
+            conductor_completion_timeout_seconds: 5,
+            worker_shutdown_grace_seconds: 5,
+            heartbeat_interval_seconds: 5,
+        })
+    };
+    assert_rejected(
+        &tasks,
+        "cel-budget",
+        budget,
+        "publish_budget requires workspace=WorkspaceSpec(...)",
+    )
+    .await;
+    let scaling = |t: &mut PeragoTask| {
+        t.spec.executor.autoscaling = Some(perago_api::task::AutoscalingSpec {
+            min_replicas: 4,
+            max_replicas: 3,
+            target_queue_depth: 1,
+            scale_down_stabilization_seconds: 60,
+        })
+    };
+    assert_rejected(
+        &tasks,
+        "cel-scaling",
+        scaling,
+        "autoscaling.minReplicas must be <= maxReplicas",
+    )
+    .await;
+    let retry = |t: &mut PeragoTask| t.spec.controls.retry.count = 11;
+    assert_rejected(&tasks, "cel-retry", retry, "spec.controls.retry.count").await;
 }
