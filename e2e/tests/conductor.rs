@@ -73,6 +73,20 @@ impl Api {
         id
     }
 
+    /// Register `task` with the given response timeout, start its workflow and poll the first
+    /// attempt as `worker`; returns the workflow id and the polled task.
+    async fn begin(&self, task: &str, response_seconds: i64, worker: &str) -> (String, Value) {
+        let (status, body) = self
+            .post(
+                "/metadata/taskdefs",
+                &json!([taskdef(task, response_seconds)]),
+            )
+            .await;
+        assert_eq!(status, 200, "register {task}: {body}");
+        let wf = self.start_workflow(task, json!({"params": {}})).await;
+        (wf, self.poll_one(task, worker).await)
+    }
+
     async fn poll(&self, task: &str, worker: &str) -> Vec<Value> {
         let path = format!("/tasks/poll/batch/{task}?workerid={worker}&count=1&timeout=1000");
         serde_json::from_str(&self.get(&path).await.1).unwrap()
@@ -157,12 +171,7 @@ async fn taskdef_crud_poll_and_complete() {
 async fn response_timeout_retry_identity_and_silent_late_update() {
     let api = Api::new().await;
     let name = "e2e.retry-facts";
-    let (status, body) = api
-        .post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let wf = api.start_workflow(name, json!({"params": {"n": 2}})).await;
-    let first = api.poll_one(name, "stale-worker").await;
+    let (wf, first) = api.begin(name, 2, "stale-worker").await;
 
     // Let the lease lapse; the decide call evaluates timeouts at once (SQL queues otherwise
     // re-sweep only every 60-120 s).
@@ -235,11 +244,7 @@ async fn response_timeout_retry_identity_and_silent_late_update() {
 #[tokio::test]
 async fn lease_extension_keeps_the_attempt() {
     let api = Api::new().await;
-    let name = "e2e.lease";
-    api.post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
-        .await;
-    let wf = api.start_workflow(name, json!({"params": {}})).await;
-    let task = api.poll_one(name, "leasing-worker").await;
+    let (wf, task) = api.begin("e2e.lease", 2, "leasing-worker").await;
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (status, body) = api
@@ -275,11 +280,7 @@ async fn lease_extension_keeps_the_attempt() {
 #[tokio::test]
 async fn sweeper_alone_reschedules_a_lapsed_attempt() {
     let api = Api::new().await;
-    let name = "e2e.sweeper";
-    api.post("/metadata/taskdefs", &json!([taskdef(name, 2)]))
-        .await;
-    let wf = api.start_workflow(name, json!({"params": {}})).await;
-    let first = api.poll_one(name, "silent-worker").await;
+    let (wf, first) = api.begin("e2e.sweeper", 2, "silent-worker").await;
     let polled = Instant::now();
     loop {
         let workflow = api.json(&format!("/workflow/{wf}?includeTasks=true")).await;
