@@ -1,6 +1,7 @@
 //! Types and rules shared by the Perago operator and sidecar: the `PeragoTask` custom
 //! resource, its validation, Conductor TaskDef rendering, and workspace path rules.
 
+pub mod contract;
 pub mod manifest;
 pub mod paths;
 pub mod schema;

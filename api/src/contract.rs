@@ -1,0 +1,166 @@
+//! The task contract: everything the sidecar needs to run attempts of one task, rendered by
+//! the operator from a `PeragoTask` into a ConfigMap and read by the sidecar at start.
+//!
+//! It carries the *strict* forms of the business schemas (`additionalProperties: false` on
+//! every object with properties): params are validated against it in strict mode, and in
+//! non-strict mode undeclared fields are dropped first, then the same schema applies.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::paths;
+use crate::schema;
+use crate::task::{Guardrail, MetricSpec, PeragoTaskSpec, PublishBudget};
+use crate::validate::FieldError;
+
+/// The contract format version; the sidecar refuses others.
+pub const CONTRACT_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TaskContract {
+    pub version: u32,
+    pub task_name: String,
+    /// Absent for a workspace-free task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<ContractWorkspace>,
+    pub strict_params: bool,
+    pub params_schema: Map<String, Value>,
+    pub result_schema: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricSpec>,
+    /// Attempts one pod runs at once.
+    pub slots: u32,
+    /// The TaskDef's `responseTimeoutSeconds`: the lease the sidecar keeps extending.
+    pub response_timeout_seconds: i64,
+    /// The TaskDef's `timeoutSeconds` (0 = none): the longest an attempt may run.
+    pub timeout_seconds: i64,
+    /// Writable workspace tasks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_budget: Option<PublishBudget>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContractWorkspace {
+    /// The normalised prefix (`/` for the repository root, else `a/b` without slashes around).
+    pub prefix: String,
+    pub read_only: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre: Vec<Guardrail>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub post: Vec<Guardrail>,
+}
+
+impl TaskContract {
+    pub fn is_workspace_task(&self) -> bool {
+        self.workspace.is_some()
+    }
+}
+
+/// Render the contract. The spec must have passed [`crate::validate::validate`]; errors are
+/// still reported rather than panicking.
+pub fn render(spec: &PeragoTaskSpec) -> Result<TaskContract, FieldError> {
+    let params_schema = schema::transform(&spec.params_schema, false)
+        .map_err(|e| FieldError::new("spec.paramsSchema", e.to_string()))?;
+    let result_schema = schema::transform(&spec.result_schema, false)
+        .map_err(|e| FieldError::new("spec.resultSchema", e.to_string()))?;
+    let workspace = match &spec.workspace {
+        Some(ws) => Some(ContractWorkspace {
+            prefix: paths::normalize_prefix(&ws.prefix)
+                .map_err(|e| FieldError::new("spec.workspace.prefix", e.to_string()))?,
+            read_only: ws.read_only,
+            pre: ws.pre.clone(),
+            post: ws.post.clone(),
+        }),
+        None => None,
+    };
+    let writable = workspace.as_ref().is_some_and(|ws| !ws.read_only);
+    let timeout = &spec.controls.timeout;
+    Ok(TaskContract {
+        version: CONTRACT_VERSION,
+        task_name: spec.task_name.clone(),
+        workspace,
+        strict_params: spec.strict_params,
+        params_schema,
+        result_schema,
+        metrics: spec.metrics.clone(),
+        slots: u32::try_from(spec.executor.slots.max(1)).unwrap_or(1),
+        response_timeout_seconds: timeout.response_seconds,
+        timeout_seconds: timeout.seconds,
+        publish_budget: if writable {
+            spec.controls.publish_budget.clone()
+        } else {
+            None
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest;
+
+    fn spec(yaml: &str) -> PeragoTaskSpec {
+        let tasks = manifest::parse(yaml).expect("manifest parses");
+        tasks[0].task.spec.clone()
+    }
+
+    const BASE: &str = r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {name: t}
+spec:
+  taskName: demo.count
+  ownerEmail: a@b.c
+  paramsSchema:
+    type: object
+    properties:
+      n: {type: integer}
+      inner: {type: object, properties: {q: {type: string}}}
+  resultSchema: {type: object, properties: {total: {type: integer}}, required: [total]}
+  strictParams: false
+  controls: {timeout: {seconds: 120, responseSeconds: 30}}
+  executor: {body: {image: busybox, command: [sh]}, slots: 4}
+"#;
+
+    #[test]
+    fn workspace_free_contract_carries_strict_schemas_and_timeouts() {
+        let c = render(&spec(BASE)).expect("renders");
+        assert_eq!(c.version, CONTRACT_VERSION);
+        assert!(!c.is_workspace_task());
+        assert!(!c.strict_params);
+        assert_eq!(c.slots, 4);
+        assert_eq!((c.response_timeout_seconds, c.timeout_seconds), (30, 120));
+        assert_eq!(c.params_schema["additionalProperties"], Value::Bool(false));
+        assert_eq!(
+            c.params_schema["properties"]["inner"]["additionalProperties"],
+            Value::Bool(false)
+        );
+        let text = serde_json::to_string(&c).expect("serialises");
+        let back: TaskContract = serde_json::from_str(&text).expect("parses");
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn read_only_workspace_drops_the_budget_and_normalises_the_prefix() {
+        let yaml = BASE.replace(
+            "  strictParams: false\n",
+            "  strictParams: false\n  workspace: {prefix: '/data/raw', readOnly: true}\n",
+        );
+        let c = render(&spec(&yaml)).expect("renders");
+        let ws = c.workspace.expect("workspace");
+        assert_eq!(ws.prefix, "data/raw");
+        assert!(ws.read_only);
+        assert!(c.publish_budget.is_none());
+    }
+
+    #[test]
+    fn unknown_contract_fields_are_refused() {
+        let c = render(&spec(BASE)).expect("renders");
+        let mut v = serde_json::to_value(&c).expect("value");
+        v["surprise"] = Value::Bool(true);
+        let err = serde_json::from_value::<TaskContract>(v).expect_err("refused");
+        assert!(err.to_string().contains("surprise"), "{err}");
+    }
+}

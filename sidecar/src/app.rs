@@ -1,0 +1,186 @@
+//! Start-up checks and wiring of the sidecar, and the local mode that runs the runner beside
+//! it as a second process sharing the work directory, exactly as the pod does.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use perago_api::contract::{CONTRACT_VERSION, TaskContract};
+
+use crate::broker::Broker;
+use crate::conductor::ConductorClient;
+use crate::config::Settings;
+use crate::execution;
+use crate::input::Schemas;
+use crate::protocol::SOCKET_NAME;
+use crate::runner::{self, RunnerHub};
+use crate::telemetry::Metrics;
+
+/// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub fn read_contract(path: &Path) -> Result<TaskContract, StartError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| StartError(format!("reading the task contract {} failed: {e}", path.display())))?;
+    let contract: TaskContract = serde_json::from_str(&text)
+        .map_err(|e| StartError(format!("the task contract {} is invalid: {e}", path.display())))?;
+    if contract.version != CONTRACT_VERSION {
+        return Err(StartError(format!(
+            "the task contract {} has version {}; this sidecar reads version {CONTRACT_VERSION}",
+            path.display(),
+            contract.version
+        )));
+    }
+    Ok(contract)
+}
+
+/// Turn SIGTERM and SIGINT into `stop = true`.
+pub fn stop_on_signals() -> Result<watch::Receiver<bool>, StartError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, rx) = watch::channel(false);
+    let mut term = signal(SignalKind::terminate()).map_err(|e| StartError(format!("installing the SIGTERM handler failed: {e}")))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| StartError(format!("installing the SIGINT handler failed: {e}")))?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => info!(signal = "SIGTERM", "stopping"),
+            _ = int.recv() => info!(signal = "SIGINT", "stopping"),
+        }
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+/// Run the sidecar until `stop` turns true and every attempt is reported.
+pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(), StartError> {
+    let checked = settings.check().map_err(StartError)?;
+    let contract = read_contract(&settings.contract)?;
+    let schemas = Schemas::compile(&contract).map_err(StartError)?;
+    let work_dir = settings.work_dir.clone();
+    std::fs::create_dir_all(&work_dir)
+        .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
+    let swept = execution::sweep(&work_dir).map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
+    info!(removed_count = swept, "swept abandoned attempt workspaces at startup");
+
+    let metrics = Arc::new(
+        Metrics::new(&contract.task_name, contract.metrics.as_ref(), &checked.instance_id)
+            .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
+    );
+    let conductor = ConductorClient::new(&checked.conductor_url, checked.request_timeout, checked.credentials.clone())
+        .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?;
+    match conductor.task_def(&contract.task_name).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Err(StartError(format!(
+                "Conductor TaskDef '{}' is not registered; run perago extract and register it before start",
+                contract.task_name
+            )));
+        }
+        Err(e) => return Err(StartError(format!("failed to validate Conductor TaskDef: {e}"))),
+    }
+
+    let hub = RunnerHub::new(contract.slots, Arc::clone(&metrics));
+    let socket = work_dir.join(SOCKET_NAME);
+    let listener = runner::bind(&socket).map_err(|e| StartError(format!("listening on {} failed: {e}", socket.display())))?;
+    tokio::spawn(Arc::clone(&hub).serve(listener));
+    let http = crate::http::serve(settings.http_addr, Arc::clone(&metrics), Arc::clone(&hub), stop.clone())
+        .await
+        .map_err(|e| StartError(format!("listening on {} failed: {e}", settings.http_addr)))?;
+    info!(
+        task_name = %contract.task_name,
+        worker_id = %checked.worker_id,
+        slots = contract.slots,
+        socket = %socket.display(),
+        http = %http,
+        conductor = %checked.conductor_url,
+        "sidecar started"
+    );
+    let broker = Arc::new(Broker {
+        contract,
+        schemas,
+        conductor,
+        hub,
+        metrics,
+        settings: checked,
+        work_dir,
+    });
+    broker.run(stop).await;
+    Ok(())
+}
+
+/// Local mode: the sidecar plus `perago-runner -- <command>` as a child process, restarted
+/// with back-off when it dies (as the kubelet restarts a container).
+pub async fn run_local(settings: &Settings, runner_path: Option<PathBuf>, command: Vec<String>) -> Result<(), StartError> {
+    let runner_path = match runner_path {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .map_err(|e| StartError(format!("locating perago-runner failed: {e}")))?
+            .with_file_name("perago-runner"),
+    };
+    if !runner_path.is_file() {
+        return Err(StartError(format!("perago-runner not found at {}", runner_path.display())));
+    }
+    let stop = stop_on_signals()?;
+    let (runner_stop_tx, runner_stop) = watch::channel(false);
+    let socket = settings.work_dir.join(SOCKET_NAME);
+    let supervisor = tokio::spawn(supervise_runner(runner_path, socket, command, runner_stop));
+    let result = run(settings, stop).await;
+    let _ = runner_stop_tx.send(true);
+    let _ = supervisor.await;
+    result
+}
+
+async fn supervise_runner(path: PathBuf, socket: PathBuf, command: Vec<String>, mut stop: watch::Receiver<bool>) {
+    let mut restarts = 0u32;
+    loop {
+        let child = Command::new(&path)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--")
+            .args(&command)
+            .kill_on_drop(true)
+            .spawn();
+        let mut child: Child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, runner = %path.display(), "starting perago-runner failed");
+                return;
+            }
+        };
+        info!(runner_pid = child.id(), "perago-runner started");
+        let exited = tokio::select! {
+            status = child.wait() => Some(status),
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        match exited {
+            Some(status) => {
+                let delay = Duration::from_secs(1u64 << restarts.min(4)).min(Duration::from_secs(30));
+                restarts += 1;
+                warn!(status = ?status.ok(), restart_in_s = delay.as_secs(), "perago-runner exited; restarting");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+            None => {
+                if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                }
+                if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                    let _ = child.kill().await;
+                }
+                return;
+            }
+        }
+    }
+}

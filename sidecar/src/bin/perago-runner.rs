@@ -1,0 +1,250 @@
+//! `perago-runner -- <command> [args]`: the task-body container's entry point.
+//!
+//! It connects to the sidecar's socket on the shared volume and starts `<command>` as a fresh
+//! process for every assignment, with the assignment's environment added, then reports how the
+//! process ended. It never talks to Conductor or lakeFS. Plain threads, no async runtime: it
+//! stays a few megabytes.
+//!
+//! - Sidecar gone: every running process is killed (its result could not be reported) and the
+//!   runner reconnects; the sidecar treats the new connection as a new generation.
+//! - SIGTERM/SIGINT: the runner tells the sidecar it is draining, lets running processes finish
+//!   and report, then exits 0.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use perago_sidecar::protocol::{MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SOCKET_NAME, SidecarMessage};
+
+struct Args {
+    socket: PathBuf,
+    command: Vec<String>,
+}
+
+const USAGE: &str = "usage: perago-runner [--socket PATH] -- COMMAND [ARGS...]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut socket = std::env::var_os("PERAGO_SOCKET").map(PathBuf::from);
+    let mut args = std::env::args_os().skip(1);
+    let mut command = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--socket") => socket = Some(args.next().ok_or(USAGE)?.into()),
+            Some("--") => {
+                command = args.by_ref().map(|a| a.to_string_lossy().into_owned()).collect();
+            }
+            Some("-h" | "--help") => return Err(USAGE.into()),
+            _ => return Err(format!("unexpected argument {}\n{USAGE}", arg.to_string_lossy())),
+        }
+    }
+    if command.is_empty() {
+        return Err(format!("no task-body command given\n{USAGE}"));
+    }
+    // Default: the socket beside the volume's bin/ directory this binary was copied into.
+    let socket = match socket {
+        Some(s) => s,
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent()?.parent().map(|vol| vol.join(SOCKET_NAME)))
+            .ok_or("cannot locate the sidecar socket; pass --socket")?,
+    };
+    Ok(Args { socket, command })
+}
+
+fn log(message: &str) {
+    eprintln!("perago-runner: {message}");
+}
+
+type Writer = Arc<Mutex<UnixStream>>;
+
+fn send(writer: &Writer, message: &RunnerMessage) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let mut stream = writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    stream.write_all(&line)
+}
+
+enum Event {
+    Message(SidecarMessage),
+    Closed(String),
+    Ended(String),
+}
+
+/// Runs one connection; returns when it ends.
+fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::Result<bool> {
+    let writer: Writer = Arc::new(Mutex::new(stream.try_clone()?));
+    send(&writer, &RunnerMessage::Hello {
+        protocol: PROTOCOL_VERSION,
+        pid: std::process::id(),
+    })?;
+    let (tx, rx) = mpsc::channel::<Event>();
+    let reader_tx = tx.clone();
+    thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        loop {
+            let mut line = Vec::new();
+            let limit = u64::try_from(MAX_LINE_BYTES + 1).unwrap_or(u64::MAX);
+            match (&mut reader).take(limit).read_until(b'\n', &mut line) {
+                Ok(0) => {
+                    let _ = reader_tx.send(Event::Closed("the sidecar closed the connection".into()));
+                    return;
+                }
+                Ok(_) if line.last() != Some(&b'\n') => {
+                    let _ = reader_tx.send(Event::Closed("oversized or truncated message".into()));
+                    return;
+                }
+                Ok(_) => match serde_json::from_slice::<SidecarMessage>(&line) {
+                    Ok(m) => {
+                        if reader_tx.send(Event::Message(m)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => log(&format!("ignored an invalid message: {e}")),
+                },
+                Err(e) => {
+                    let _ = reader_tx.send(Event::Closed(format!("reading failed: {e}")));
+                    return;
+                }
+            }
+        }
+    });
+
+    let mut running: HashMap<String, i32> = HashMap::new();
+    let mut drain_sent = false;
+    loop {
+        if terminating.load(Ordering::SeqCst) {
+            if !drain_sent {
+                log("stopping: no new assignments; waiting for running ones");
+                let _ = send(&writer, &RunnerMessage::Draining);
+                drain_sent = true;
+            }
+            if running.is_empty() {
+                return Ok(true);
+            }
+        }
+        let event = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Ok(false),
+        };
+        match event {
+            Event::Message(SidecarMessage::Welcome { generation, slots, protocol }) => {
+                log(&format!("connected: generation {generation}, {slots} slot(s), protocol {protocol}"));
+            }
+            Event::Message(SidecarMessage::Assign { execution_id, env, .. }) => {
+                let spawned = Command::new(&args.command[0])
+                    .args(&args.command[1..])
+                    .envs(&env)
+                    .process_group(0)
+                    .spawn();
+                match spawned {
+                    Err(e) => {
+                        let _ = send(&writer, &RunnerMessage::Exited {
+                            execution_id,
+                            code: None,
+                            signal: None,
+                            error: Some(format!("{}: {e}", args.command[0])),
+                        });
+                    }
+                    Ok(mut child) => {
+                        let pid = i32::try_from(child.id()).unwrap_or(0);
+                        running.insert(execution_id.clone(), pid);
+                        let writer = Arc::clone(&writer);
+                        let tx = tx.clone();
+                        thread::spawn(move || {
+                            let message = match child.wait() {
+                                Ok(status) => RunnerMessage::Exited {
+                                    execution_id: execution_id.clone(),
+                                    code: status.code(),
+                                    signal: status.signal(),
+                                    error: None,
+                                },
+                                Err(e) => RunnerMessage::Exited {
+                                    execution_id: execution_id.clone(),
+                                    code: None,
+                                    signal: None,
+                                    error: Some(format!("waiting for the process failed: {e}")),
+                                },
+                            };
+                            if let Err(e) = send(&writer, &message) {
+                                log(&format!("could not report execution {execution_id}: {e}"));
+                            }
+                            let _ = tx.send(Event::Ended(execution_id));
+                        });
+                    }
+                }
+            }
+            Event::Message(SidecarMessage::Cancel { execution_id }) => {
+                if let Some(pid) = running.get(&execution_id) {
+                    log(&format!("killing execution {execution_id} on the sidecar's request"));
+                    let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+            }
+            Event::Ended(execution_id) => {
+                running.remove(&execution_id);
+            }
+            Event::Closed(why) => {
+                if !running.is_empty() {
+                    log(&format!("{why}; killing {} running execution(s) whose results cannot be reported", running.len()));
+                    for pid in running.values() {
+                        let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+                    }
+                } else {
+                    log(&why);
+                }
+                return Ok(terminating.load(Ordering::SeqCst));
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("perago-runner: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let terminating = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&terminating)) {
+            log(&format!("installing the signal handler failed: {e}"));
+            return ExitCode::FAILURE;
+        }
+    }
+    let mut waiting_since: Option<Instant> = None;
+    loop {
+        if terminating.load(Ordering::SeqCst) {
+            return ExitCode::SUCCESS;
+        }
+        match UnixStream::connect(&args.socket) {
+            Ok(stream) => {
+                waiting_since = None;
+                match serve(&args, stream, &terminating) {
+                    Ok(true) => return ExitCode::SUCCESS,
+                    Ok(false) => {}
+                    Err(e) => log(&format!("connection failed: {e}")),
+                }
+            }
+            Err(e) => {
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < Duration::from_millis(300) {
+                    log(&format!("waiting for the sidecar at {}: {e}", args.socket.display()));
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -1,0 +1,303 @@
+//! The Conductor calls the sidecar makes: TaskDef lookup, batch poll, get task and the v1
+//! task update (results and lease extensions). Every call has a timeout; errors name the call.
+//! The v2 update is never used: it leases a next task the caller did not ask for.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::sync::Mutex;
+
+#[derive(Debug, Error)]
+pub enum ConductorError {
+    #[error("Conductor {call} failed: HTTP {status}: {body}")]
+    Status {
+        call: &'static str,
+        status: StatusCode,
+        body: String,
+    },
+    #[error("Conductor {call} failed: {source}")]
+    Transport {
+        call: &'static str,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("Conductor {call} returned an unreadable answer: {detail}")]
+    Decode { call: &'static str, detail: String },
+}
+
+impl ConductorError {
+    pub fn call(&self) -> &'static str {
+        match self {
+            Self::Status { call, .. } | Self::Transport { call, .. } | Self::Decode { call, .. } => call,
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Status { status, .. } if *status == StatusCode::NOT_FOUND)
+    }
+
+    /// Worth retrying: transport errors, timeouts, 429 and 5xx.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } => true,
+            Self::Status { status, .. } => {
+                *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+            }
+            Self::Decode { .. } => false,
+        }
+    }
+
+    pub fn is_auth(&self) -> bool {
+        matches!(self, Self::Status { status, .. }
+            if *status == StatusCode::UNAUTHORIZED || *status == StatusCode::FORBIDDEN)
+    }
+}
+
+/// Orkes-style application key; Conductor OSS has no authentication and needs none.
+#[derive(Clone)]
+pub struct Credentials {
+    pub key: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("key", &self.key)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+pub struct ConductorClient {
+    http: reqwest::Client,
+    /// Ends in `/api`, no trailing slash.
+    base: String,
+    request_timeout: Duration,
+    credentials: Option<Credentials>,
+    token: Mutex<Option<String>>,
+}
+
+impl ConductorClient {
+    pub fn new(
+        base_url: &str,
+        request_timeout: Duration,
+        credentials: Option<Credentials>,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(request_timeout.min(Duration::from_secs(5)))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Self {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+            request_timeout,
+            credentials,
+            token: Mutex::new(None),
+        })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    async fn token(&self, refresh: bool) -> Result<Option<String>, ConductorError> {
+        let Some(creds) = &self.credentials else {
+            return Ok(None);
+        };
+        let mut token = self.token.lock().await;
+        if refresh || token.is_none() {
+            let call = "token";
+            let response = self
+                .http
+                .post(format!("{}/token", self.base))
+                .timeout(self.request_timeout)
+                .json(&json!({"keyId": creds.key, "keySecret": creds.secret}))
+                .send()
+                .await
+                .map_err(|source| ConductorError::Transport { call, source })?;
+            let body: Value = read(call, response).await?.unwrap_or(Value::Null);
+            let fresh = body
+                .get("token")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ConductorError::Decode {
+                    call,
+                    detail: "no token in the answer".into(),
+                })?;
+            *token = Some(fresh.to_owned());
+        }
+        Ok(token.clone())
+    }
+
+    /// Send a request built by `build`, adding the auth header; on 401 the token is refreshed
+    /// once. Returns the body as JSON (or a JSON string for text answers), `None` for 204.
+    async fn send(
+        &self,
+        call: &'static str,
+        timeout: Duration,
+        build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<Option<Value>, ConductorError> {
+        let mut refreshed = false;
+        loop {
+            let mut request = build(&self.http).timeout(timeout).header("Accept", "*/*");
+            if let Some(token) = self.token(refreshed).await? {
+                request = request.header("X-Authorization", token);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|source| ConductorError::Transport { call, source })?;
+            if response.status() == StatusCode::UNAUTHORIZED && self.credentials.is_some() && !refreshed {
+                refreshed = true;
+                continue;
+            }
+            return read(call, response).await;
+        }
+    }
+
+    /// `GET /metadata/taskdefs/{name}`; `None` when it does not exist.
+    pub async fn task_def(&self, name: &str) -> Result<Option<Value>, ConductorError> {
+        let url = format!("{}/metadata/taskdefs/{}", self.base, encode(name));
+        match self.send("get TaskDef", self.request_timeout, |h| h.get(&url)).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /tasks/poll/batch/{type}`; `wait` is the server-side long poll (at most 5 s).
+    pub async fn batch_poll(
+        &self,
+        task_type: &str,
+        worker_id: &str,
+        count: u32,
+        wait: Duration,
+    ) -> Result<Vec<Value>, ConductorError> {
+        let call = "batch poll";
+        let wait_ms = wait.as_millis().min(5000);
+        let url = format!("{}/tasks/poll/batch/{}", self.base, encode(task_type));
+        let count = count.to_string();
+        let wait_text = wait_ms.to_string();
+        let answer = self
+            .send(call, self.request_timeout + wait, |h| {
+                h.get(&url).query(&[
+                    ("workerid", worker_id),
+                    ("count", count.as_str()),
+                    ("timeout", wait_text.as_str()),
+                ])
+            })
+            .await?;
+        match answer {
+            None => Ok(Vec::new()),
+            Some(Value::Array(tasks)) => Ok(tasks),
+            Some(other) => Err(ConductorError::Decode {
+                call,
+                detail: format!("expected a JSON array, got {}", kind(&other)),
+            }),
+        }
+    }
+
+    /// `GET /tasks/{taskId}`.
+    pub async fn task(&self, task_id: &str) -> Result<Value, ConductorError> {
+        let call = "get task";
+        let url = format!("{}/tasks/{}", self.base, encode(task_id));
+        self.send(call, self.request_timeout, |h| h.get(&url))
+            .await?
+            .ok_or_else(|| ConductorError::Decode {
+                call,
+                detail: "empty answer".into(),
+            })
+    }
+
+    /// `POST /tasks` (v1) with a TaskResult body.
+    pub async fn update_task(&self, result: &Value, timeout: Duration) -> Result<(), ConductorError> {
+        let url = format!("{}/tasks", self.base);
+        self.send("update task", timeout, |h| h.post(&url).json(result))
+            .await
+            .map(drop)
+    }
+
+    /// Keep an IN_PROGRESS attempt's lease alive. The worker id is always sent: a TaskResult
+    /// without one erases the worker Conductor has recorded.
+    pub async fn extend_lease(
+        &self,
+        workflow_instance_id: &str,
+        task_id: &str,
+        worker_id: &str,
+    ) -> Result<(), ConductorError> {
+        let url = format!("{}/tasks", self.base);
+        let body = json!({
+            "workflowInstanceId": workflow_instance_id,
+            "taskId": task_id,
+            "workerId": worker_id,
+            "status": "IN_PROGRESS",
+            "extendLease": true
+        });
+        self.send("extend lease", self.request_timeout, |h| h.post(&url).json(&body))
+            .await
+            .map(drop)
+    }
+}
+
+async fn read(call: &'static str, response: reqwest::Response) -> Result<Option<Value>, ConductorError> {
+    let status = response.status();
+    let text = response
+        .text()
+        .await
+        .map_err(|source| ConductorError::Transport { call, source })?;
+    if !status.is_success() {
+        let body: String = text.chars().take(300).collect();
+        return Err(ConductorError::Status { call, status, body });
+    }
+    if status == StatusCode::NO_CONTENT || text.is_empty() {
+        return Ok(None);
+    }
+    // Several endpoints answer text/plain (the update returns the bare task id).
+    Ok(Some(serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Percent-encode one path segment.
+fn encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_encoded() {
+        assert_eq!(encode("features.build"), "features.build");
+        assert_eq!(encode("a/b c"), "a%2Fb%20c");
+    }
+
+    #[test]
+    fn credentials_never_print_the_secret() {
+        let c = Credentials {
+            key: "k".into(),
+            secret: "canary-secret".into(),
+        };
+        assert!(!format!("{c:?}").contains("canary"));
+    }
+}

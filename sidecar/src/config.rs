@@ -1,0 +1,195 @@
+//! The sidecar's settings: flags, each also read from its environment variable (the operator
+//! sets the variables). Every default lives here and is passed down explicitly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::conductor::Credentials;
+
+#[derive(Args, Debug, Clone)]
+pub struct Settings {
+    /// The task contract rendered by the operator.
+    #[arg(long, env = "PERAGO_TASK_CONTRACT", default_value = "/etc/perago/contract.json")]
+    pub contract: PathBuf,
+    /// The shared work volume: the runner socket and the execution directories.
+    #[arg(long, env = "PERAGO_WORK_DIR", default_value = "/perago-work")]
+    pub work_dir: PathBuf,
+    /// Conductor API base URL, including `/api`.
+    #[arg(long, env = "CONDUCTOR_SERVER_URL")]
+    pub conductor_url: Option<String>,
+    #[arg(long, env = "CONDUCTOR_AUTH_KEY", hide_env_values = true)]
+    pub conductor_auth_key: Option<String>,
+    #[arg(long, env = "CONDUCTOR_AUTH_SECRET", hide_env_values = true)]
+    pub conductor_auth_secret: Option<String>,
+    /// Per-request timeout of Conductor calls (seconds).
+    #[arg(long, env = "PERAGO_CONDUCTOR_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub conductor_timeout_seconds: u64,
+    /// Prefix of the Conductor-visible worker id (ASCII letters and digits).
+    #[arg(long, env = "PERAGO_WORKER_ID_PREFIX")]
+    pub worker_id_prefix: Option<String>,
+    /// The pod's name (downward API); the host name when unset.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Longest failure reason sent to Conductor, in characters.
+    #[arg(long, env = "PERAGO_FAILURE_REASON_MAX_LENGTH", default_value = "500")]
+    pub failure_reason_max_length: String,
+    /// Server-side long poll of each batch poll (milliseconds, at most 5000).
+    #[arg(long, env = "PERAGO_POLL_TIMEOUT_MS", default_value_t = 100)]
+    pub poll_timeout_ms: u64,
+    /// Longest pause between polls while the queue is empty (milliseconds).
+    #[arg(long, env = "PERAGO_POLL_INTERVAL_MS", default_value_t = 100)]
+    pub poll_interval_ms: u64,
+    /// How long in-flight attempts may run after SIGTERM before they are given up (seconds).
+    #[arg(long, env = "PERAGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
+    pub shutdown_grace_seconds: u64,
+    /// Metrics, `/healthz` and `/readyz`.
+    #[arg(long, env = "PERAGO_HTTP_ADDR", default_value = "0.0.0.0:9464")]
+    pub http_addr: SocketAddr,
+}
+
+/// Settings checked and turned into the values the runtime uses.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub conductor_url: String,
+    pub credentials: Option<Credentials>,
+    pub request_timeout: Duration,
+    pub worker_id: String,
+    pub instance_id: String,
+    pub failure_reason_max_length: usize,
+    pub poll_wait: Duration,
+    pub poll_interval: Duration,
+    pub shutdown_grace: Duration,
+}
+
+fn set(value: Option<&String>) -> Option<String> {
+    value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
+fn not_placeholder(name: &str, value: Option<String>) -> Result<Option<String>, String> {
+    match value {
+        Some(v) if v == "replace-me" => Err(format!("{name} must be replaced with a real value")),
+        other => Ok(other),
+    }
+}
+
+impl Settings {
+    pub fn check(&self) -> Result<Checked, String> {
+        let conductor_url = not_placeholder("CONDUCTOR_SERVER_URL", set(self.conductor_url.as_ref()))?
+            .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
+        let key = not_placeholder("CONDUCTOR_AUTH_KEY", set(self.conductor_auth_key.as_ref()))?;
+        let secret = not_placeholder("CONDUCTOR_AUTH_SECRET", set(self.conductor_auth_secret.as_ref()))?;
+        let credentials = match (key, secret) {
+            (Some(key), Some(secret)) => Some(Credentials { key, secret }),
+            (None, None) => None,
+            (None, Some(_)) => return Err("Conductor credentials are incomplete; missing CONDUCTOR_AUTH_KEY".into()),
+            (Some(_), None) => return Err("Conductor credentials are incomplete; missing CONDUCTOR_AUTH_SECRET".into()),
+        };
+        let prefix = match &self.worker_id_prefix {
+            None => None,
+            Some(raw) => {
+                let p = raw.trim();
+                if p.is_empty() {
+                    return Err("PERAGO_WORKER_ID_PREFIX must not be empty".into());
+                }
+                if !p.chars().all(|c| c.is_ascii_alphanumeric()) {
+                    return Err("PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits".into());
+                }
+                Some(p.to_owned())
+            }
+        };
+        let max = self.failure_reason_max_length.trim();
+        if max.is_empty() || !max.chars().all(|c| c.is_ascii_digit()) {
+            return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer".into());
+        }
+        let failure_reason_max_length: usize = max.parse().unwrap_or(usize::MAX);
+        if failure_reason_max_length == 0 {
+            return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero".into());
+        }
+        if self.poll_timeout_ms > 5000 {
+            return Err("PERAGO_POLL_TIMEOUT_MS must be at most 5000 (Conductor's long-poll limit)".into());
+        }
+        if self.conductor_timeout_seconds == 0 {
+            return Err("PERAGO_CONDUCTOR_TIMEOUT_SECONDS must be greater than zero".into());
+        }
+        let pod = set(self.pod_name.as_ref())
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| format!("pid{}", std::process::id()));
+        // The pod name plus a random suffix: a restarted sidecar in the same pod is a new worker.
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+        let worker_id = match prefix {
+            Some(p) => format!("{p}-{pod}-{suffix}"),
+            None => format!("{pod}-{suffix}"),
+        };
+        Ok(Checked {
+            conductor_url,
+            credentials,
+            request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
+            worker_id,
+            instance_id: pod,
+            failure_reason_max_length,
+            poll_wait: Duration::from_millis(self.poll_timeout_ms),
+            poll_interval: Duration::from_millis(self.poll_interval_ms.max(1)),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn check(args: &[&str]) -> Result<Checked, String> {
+        let mut all = vec!["x", "--pod-name", "pod-a"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all).map_err(|e| e.to_string())?.settings.check()
+    }
+
+    #[test]
+    fn messages() {
+        assert_eq!(check(&[]).unwrap_err(), "CONDUCTOR_SERVER_URL is required for perago start");
+        assert_eq!(
+            check(&["--conductor-url", "replace-me"]).unwrap_err(),
+            "CONDUCTOR_SERVER_URL must be replaced with a real value"
+        );
+        let url = ["--conductor-url", "http://c/api"];
+        for (value, message) in [
+            ("0", "PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero"),
+            ("-1", "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer"),
+            ("1.5", "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer"),
+        ] {
+            let flag = format!("--failure-reason-max-length={value}");
+            let mut args = url.to_vec();
+            args.push(&flag);
+            assert_eq!(check(&args).unwrap_err(), message);
+        }
+        let mut args = url.to_vec();
+        args.extend(["--worker-id-prefix", "a-b"]);
+        assert_eq!(check(&args).unwrap_err(), "PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits");
+        let mut args = url.to_vec();
+        args.extend(["--conductor-auth-key", "k"]);
+        assert!(check(&args).unwrap_err().contains("missing CONDUCTOR_AUTH_SECRET"));
+    }
+
+    #[test]
+    fn worker_id_names_the_pod_and_is_unique_per_start() {
+        let mut args = vec!["--conductor-url", "http://c/api", "--worker-id-prefix", "feat"];
+        let a = check(&args).unwrap();
+        let b = check(&args).unwrap();
+        assert!(a.worker_id.starts_with("feat-pod-a-"), "{}", a.worker_id);
+        assert_ne!(a.worker_id, b.worker_id);
+        args.truncate(2);
+        assert!(check(&args).unwrap().worker_id.starts_with("pod-a-"));
+        assert_eq!(check(&args).unwrap().failure_reason_max_length, 500);
+    }
+}

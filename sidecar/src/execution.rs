@@ -1,0 +1,360 @@
+//! One execution of the task body: the execution directory, the assignment to the runner,
+//! waiting for the process to end, and turning what it left behind into an outcome.
+
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::attempt::AttemptSnapshot;
+use crate::input::Schemas;
+use crate::outcome::Outcome;
+use crate::protocol::{env, files};
+use crate::runner::{Lease, ProcessEnd, RunnerHub};
+use crate::telemetry::Metrics;
+
+/// Name of the attempt marker, kept in the execution directory beside (never inside) the
+/// workspace the body sees.
+pub const MARKER: &str = perago_api::paths::ATTEMPT_MARKER;
+/// Subdirectory of the work volume holding execution directories.
+pub const EXECUTIONS: &str = "executions";
+
+/// `[A-Za-z0-9_.=-]` kept, other runs replaced by `_`, `.`/`_` trimmed at both ends.
+pub fn safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_run = false;
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '=' | '-') {
+            out.push(c);
+            in_run = false;
+        } else if !in_run {
+            out.push('_');
+            in_run = true;
+        }
+    }
+    let trimmed = out.trim_matches(|c| c == '.' || c == '_');
+    if trimmed.is_empty() {
+        "unknown".into()
+    } else {
+        trimmed.to_owned()
+    }
+}
+
+/// The execution directory of one attempt, created fresh (a collision fails the attempt) and
+/// removed on drop of [`ExecutionDir::cleanup`].
+pub struct ExecutionDir {
+    pub path: PathBuf,
+}
+
+impl ExecutionDir {
+    pub fn create(work_dir: &Path, snapshot: &AttemptSnapshot, execution_id: &str, worker_id: &str) -> std::io::Result<Self> {
+        let path = work_dir.join(EXECUTIONS).join(format!(
+            "task_id={}-exec={}",
+            safe(&snapshot.task_id),
+            safe(execution_id)
+        ));
+        std::fs::create_dir(&path)?;
+        let marker = json!({
+            "execution_id": execution_id,
+            "owner_pid": std::process::id(),
+            "owner_token": execution_id,
+            "owner_worker_id": worker_id,
+            "retry_count": snapshot.retry_count,
+            "started_at": now_rfc3339(),
+            "task_def_name": snapshot.task_def_name,
+            "task_id": snapshot.task_id,
+            "workflow_instance_id": snapshot.workflow_instance_id,
+        });
+        std::fs::write(path.join(MARKER), marker.to_string())?;
+        Ok(Self { path })
+    }
+
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Remove the directory if it carries the marker; errors are logged, never returned.
+    pub fn cleanup(&self) {
+        if !self.path.join(MARKER).exists() {
+            warn!(dir = %self.path.display(), "{} is not a Perago attempt workspace", self.path.display());
+            return;
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            warn!(dir = %self.path.display(), error = %e, "removing the execution directory failed");
+        }
+    }
+}
+
+fn now_rfc3339() -> String {
+    // Seconds precision is enough for the marker; avoid a time crate for one timestamp.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let days = now / 86_400;
+    let rem = now % 86_400;
+    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date.
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// What an execution needs besides the snapshot.
+pub struct Run<'a> {
+    pub hub: &'a RunnerHub,
+    pub metrics: &'a Metrics,
+    pub schemas: &'a Schemas,
+    pub lease: Lease,
+    pub execution_id: &'a str,
+    pub slot_worker_id: &'a str,
+    pub task_name: &'a str,
+    /// Longest the process may run (from the TaskDef's `timeoutSeconds`); `None` = no limit.
+    pub deadline: Option<Duration>,
+    /// Turns true when the sidecar gives up on in-flight work (shutdown grace over).
+    pub abandon: watch::Receiver<bool>,
+}
+
+/// Reason texts of the dispatch path (the reference's wording).
+pub fn runner_lost(worker: &str, task_id: &str) -> String {
+    format!("executor process for worker {worker} exited while running task {task_id}")
+}
+
+pub fn pipe_broken(worker: &str, task_id: &str) -> String {
+    format!("executor pipe for worker {worker} is broken for task {task_id}")
+}
+
+/// Run the body once on validated params; the returned outcome carries `{result}` on
+/// success. `workspace` is the directory the body sees as `PERAGO_WORKSPACE`, if any.
+pub async fn run_body(
+    run: &mut Run<'_>,
+    snapshot: &AttemptSnapshot,
+    dir: &ExecutionDir,
+    params: &Value,
+    workspace: Option<&Path>,
+) -> Result<Value, Outcome> {
+    let params_path = dir.file(files::PARAMS);
+    let text = serde_json::to_vec(params).map_err(|e| Outcome::failed(format!("serialising params failed: {e}")))?;
+    tokio::fs::write(&params_path, text)
+        .await
+        .map_err(|e| Outcome::failed(format!("writing {} failed: {e}", params_path.display())))?;
+    let mut vars = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        vars.insert(k.to_owned(), v);
+    };
+    put(env::PARAMS, params_path.display().to_string());
+    put(env::RESULT, dir.file(files::RESULT).display().to_string());
+    put(env::ERROR, dir.file(files::ERROR).display().to_string());
+    put(env::METRICS, dir.file(files::METRICS).display().to_string());
+    if let Some(ws) = workspace {
+        put(env::WORKSPACE, ws.display().to_string());
+    }
+    put(env::TASK_NAME, run.task_name.to_owned());
+    put(env::TASK_ID, snapshot.task_id.clone());
+    put(env::WORKFLOW_INSTANCE_ID, snapshot.workflow_instance_id.clone());
+    put(env::RETRY_COUNT, snapshot.retry_count.to_string());
+    put(env::EXECUTION_ID, run.execution_id.to_owned());
+    put(env::WORKER_ID, run.slot_worker_id.to_owned());
+
+    let task_id = &snapshot.task_id;
+    let done = run
+        .hub
+        .assign(run.lease, run.execution_id, vars)
+        .map_err(|()| Outcome::failed(pipe_broken(run.slot_worker_id, task_id)))?;
+    info!(phase = "body", slot = run.lease.slot, "assigned to the runner");
+    let started = std::time::Instant::now();
+    let end = wait(run, done).await;
+    run.metrics
+        .phase_seconds
+        .with_label_values(&["body"])
+        .observe(started.elapsed().as_secs_f64());
+    record_application_metrics(run.metrics, dir).await;
+    let end = match end {
+        Waited::Ended(end) => end,
+        Waited::Deadline => return Err(Outcome::failed(format!("executor did not return result for task {task_id}"))),
+        Waited::Abandoned => {
+            return Err(Outcome::failed(format!(
+                "the sidecar shut down before task {task_id} finished"
+            )));
+        }
+    };
+    info!(phase = "body", end = ?end, "task body ended");
+    match end {
+        ProcessEnd::RunnerLost | ProcessEnd::Signalled { .. } => {
+            Err(Outcome::failed(runner_lost(run.slot_worker_id, task_id)))
+        }
+        ProcessEnd::NotStarted { error } => Err(Outcome::failed(format!("task body could not be started: {error}"))),
+        ProcessEnd::Exited { code } => read_outcome(run.schemas, dir, code).await,
+    }
+}
+
+enum Waited {
+    Ended(ProcessEnd),
+    Deadline,
+    Abandoned,
+}
+
+async fn wait(run: &mut Run<'_>, done: tokio::sync::oneshot::Receiver<ProcessEnd>) -> Waited {
+    let deadline = async {
+        match run.deadline {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut abandon = run.abandon.clone();
+    let abandoned = async move {
+        let _ = abandon.wait_for(|a| *a).await;
+    };
+    tokio::pin!(done);
+    let early = tokio::select! {
+        end = &mut done => return Waited::Ended(end.unwrap_or(ProcessEnd::RunnerLost)),
+        () = deadline => Waited::Deadline,
+        () = abandoned => Waited::Abandoned,
+    };
+    // Give up on the process: have the runner kill it and wait briefly for the exit so the
+    // slot is not reused while it still runs.
+    run.hub.cancel(run.lease, run.execution_id);
+    let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
+    early
+}
+
+async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    match tokio::fs::read(path).await {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("reading {} failed: {e}", path.display())),
+    }
+}
+
+/// The body's outcome from its exit status and files: an error document wins, then the exit
+/// status, then the result document.
+async fn read_outcome(schemas: &Schemas, dir: &ExecutionDir, code: i32) -> Result<Value, Outcome> {
+    if let Some(bytes) = read_optional(&dir.file(files::ERROR)).await.map_err(Outcome::Failed)? {
+        return Err(error_document(&bytes));
+    }
+    if code != 0 {
+        return Err(Outcome::failed(format!("task body exited with status {code}")));
+    }
+    let bytes = read_optional(&dir.file(files::RESULT))
+        .await
+        .map_err(Outcome::Failed)?
+        .ok_or_else(|| Outcome::failed("task body exited with status 0 without writing a result to PERAGO_RESULT"))?;
+    let result: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| Outcome::failed(format!("task body wrote a result that is not JSON: {e}")))?;
+    schemas.result(&result).map_err(Outcome::Failed)?;
+    Ok(result)
+}
+
+/// `{"reason": "...", "terminal": true|false}` → FAILED or FAILED_WITH_TERMINAL_ERROR.
+pub fn error_document(bytes: &[u8]) -> Outcome {
+    let doc: Map<String, Value> = match serde_json::from_slice(bytes) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Outcome::failed("task body wrote an error document that is not a JSON object"),
+        Err(e) => return Outcome::failed(format!("task body wrote an error document that is not JSON: {e}")),
+    };
+    if let Some(key) = doc.keys().find(|k| !matches!(k.as_str(), "reason" | "terminal")) {
+        return Outcome::failed(format!("task body wrote an error document with unknown field {key}"));
+    }
+    let reason = match doc.get("reason") {
+        Some(Value::String(r)) => r.clone(),
+        _ => return Outcome::failed("reason must be str"),
+    };
+    match doc.get("terminal") {
+        Some(Value::Bool(true)) => Outcome::Terminal(reason),
+        None | Some(Value::Bool(false)) => Outcome::Failed(reason),
+        Some(_) => Outcome::failed("task body wrote an error document whose terminal field is not a boolean"),
+    }
+}
+
+async fn record_application_metrics(metrics: &Metrics, dir: &ExecutionDir) {
+    match read_optional(&dir.file(files::METRICS)).await {
+        Ok(Some(bytes)) => {
+            metrics.record_application(&String::from_utf8_lossy(&bytes));
+        }
+        Ok(None) => {}
+        Err(e) => warn!(error = %e, "reading the body's metrics file failed"),
+    }
+}
+
+/// Remove execution directories left by an earlier sidecar of this pod (their attempts can
+/// no longer be reported). Only directories carrying the marker are removed.
+pub fn sweep(work_dir: &Path) -> std::io::Result<usize> {
+    let root = work_dir.join(EXECUTIONS);
+    std::fs::create_dir_all(&root)?;
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&root)? {
+        let path = entry?.path();
+        if path.join(MARKER).is_file() {
+            std::fs::remove_dir_all(&path)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_names() {
+        assert_eq!(safe("9b4c"), "9b4c");
+        assert_eq!(safe("a/b::c"), "a_b_c");
+        assert_eq!(safe("..x.."), "x");
+        assert_eq!(safe("///"), "unknown");
+    }
+
+    #[test]
+    fn error_documents() {
+        assert_eq!(error_document(br#"{"reason":"bad","terminal":true}"#), Outcome::Terminal("bad".into()));
+        assert_eq!(error_document(br#"{"reason":"bad"}"#), Outcome::Failed("bad".into()));
+        assert_eq!(error_document(br#"{"reason":1}"#), Outcome::failed("reason must be str"));
+        assert!(error_document(b"nope").reason().unwrap().contains("not JSON"));
+        assert!(error_document(br#"{"reason":"x","extra":1}"#).reason().unwrap().contains("unknown field extra"));
+        assert!(error_document(br#"{"reason":"x","terminal":"yes"}"#).reason().unwrap().contains("not a boolean"));
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
+
+    #[test]
+    fn directory_lifecycle_and_sweep() {
+        let work = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(work.path().join(EXECUTIONS)).unwrap();
+        let snap = AttemptSnapshot::from_task(&json!({
+            "workflowInstanceId": "wf", "taskId": "9b4c", "retryCount": 0, "taskDefName": "t",
+            "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS", "inputData": {}
+        }))
+        .unwrap();
+        let dir = ExecutionDir::create(work.path(), &snap, "exec-1", "w").unwrap();
+        assert!(dir.path.ends_with("executions/task_id=9b4c-exec=exec-1"));
+        let marker: Value = serde_json::from_slice(&std::fs::read(dir.file(MARKER)).unwrap()).unwrap();
+        assert_eq!(marker.as_object().unwrap().len(), 9);
+        assert!(ExecutionDir::create(work.path(), &snap, "exec-1", "w").is_err(), "collision fails");
+        let other = ExecutionDir::create(work.path(), &snap, "exec-2", "w").unwrap();
+        std::fs::create_dir(work.path().join(EXECUTIONS).join("foreign")).unwrap();
+        dir.cleanup();
+        assert!(!dir.path.exists());
+        assert_eq!(sweep(work.path()).unwrap(), 1);
+        assert!(!other.path.exists());
+        assert!(work.path().join(EXECUTIONS).join("foreign").exists(), "unmarked directories stay");
+    }
+}

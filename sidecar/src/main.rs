@@ -1,0 +1,64 @@
+//! `perago-sidecar`: the executor sidecar of a Perago task pod.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use perago_sidecar::app;
+use perago_sidecar::config::Settings;
+use perago_sidecar::telemetry;
+
+#[derive(Parser)]
+#[command(name = "perago-sidecar", version, about = "Polls Conductor, runs attempts through perago-runner and reports them")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Mode>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Run as the pod's sidecar (the default).
+    Run,
+    /// Run the whole pod locally: this sidecar plus `perago-runner -- COMMAND` as a second
+    /// process sharing the work directory.
+    Local {
+        /// The perago-runner binary (default: next to this one).
+        #[arg(long)]
+        runner: Option<PathBuf>,
+        /// The task body's command.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the async runtime failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None | Some(Mode::Run) => {
+                let stop = app::stop_on_signals()?;
+                app::run(&cli.settings, stop).await
+            }
+            Some(Mode::Local { runner, command }) => app::run_local(&cli.settings, runner, command).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "sidecar failed to start");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

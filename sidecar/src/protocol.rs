@@ -1,0 +1,130 @@
+//! The runner protocol: newline-delimited JSON over the Unix socket `perago.sock` in the
+//! shared work volume. `docs/runner-protocol.md` is its user-facing description; keep both in
+//! step.
+//!
+//! The runner connects and says [`RunnerMessage::Hello`]; the sidecar answers
+//! [`SidecarMessage::Welcome`] with the connection's generation. From then on the sidecar sends
+//! one [`SidecarMessage::Assign`] per attempt (never two at once on a slot) and the runner
+//! answers [`RunnerMessage::Exited`] when the attempt's process ends. Everything an attempt
+//! produces travels through files in its execution directory, not over the socket.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The socket's file name inside the work directory.
+pub const SOCKET_NAME: &str = "perago.sock";
+/// Longest line either side accepts; longer lines end the connection.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// Runner → sidecar.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum RunnerMessage {
+    /// First message of a connection.
+    #[serde(rename_all = "camelCase")]
+    Hello { protocol: u32, pid: u32 },
+    /// The attempt's process ended. `code` is its exit status, `signal` the signal that
+    /// killed it; exactly one of them is set. `error` is set when it could not be started.
+    #[serde(rename_all = "camelCase")]
+    Exited {
+        execution_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// The body container is stopping: send no more assignments on this connection.
+    Draining,
+}
+
+/// Sidecar → runner.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum SidecarMessage {
+    #[serde(rename_all = "camelCase")]
+    Welcome { protocol: u32, generation: u64, slots: u32 },
+    /// Run the command once with `env` added to the runner's own environment.
+    #[serde(rename_all = "camelCase")]
+    Assign {
+        execution_id: String,
+        slot: u32,
+        env: BTreeMap<String, String>,
+    },
+    /// Kill the attempt's process (its deadline passed or the sidecar is giving up on it).
+    /// The runner still answers `exited`.
+    #[serde(rename_all = "camelCase")]
+    Cancel { execution_id: String },
+}
+
+/// Environment variables an attempt's process receives.
+pub mod env {
+    pub const PARAMS: &str = "PERAGO_PARAMS";
+    pub const RESULT: &str = "PERAGO_RESULT";
+    pub const ERROR: &str = "PERAGO_ERROR";
+    pub const METRICS: &str = "PERAGO_METRICS";
+    pub const WORKSPACE: &str = "PERAGO_WORKSPACE";
+    pub const TASK_NAME: &str = "PERAGO_TASK_NAME";
+    pub const TASK_ID: &str = "PERAGO_TASK_ID";
+    pub const WORKFLOW_INSTANCE_ID: &str = "PERAGO_WORKFLOW_INSTANCE_ID";
+    pub const RETRY_COUNT: &str = "PERAGO_RETRY_COUNT";
+    pub const EXECUTION_ID: &str = "PERAGO_EXECUTION_ID";
+    pub const WORKER_ID: &str = "PERAGO_WORKER_ID";
+}
+
+/// File names inside an execution directory.
+pub mod files {
+    pub const PARAMS: &str = "params.json";
+    pub const RESULT: &str = "result.json";
+    pub const ERROR: &str = "error.json";
+    pub const METRICS: &str = "metrics.jsonl";
+    pub const WORKSPACE: &str = "workspace";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_shapes_are_stable() {
+        let hello = RunnerMessage::Hello {
+            protocol: 1,
+            pid: 7,
+        };
+        assert_eq!(
+            serde_json::to_string(&hello).unwrap(),
+            r#"{"type":"hello","protocol":1,"pid":7}"#
+        );
+        let exited: RunnerMessage =
+            serde_json::from_str(r#"{"type":"exited","executionId":"e1","signal":9}"#).unwrap();
+        assert_eq!(
+            exited,
+            RunnerMessage::Exited {
+                execution_id: "e1".into(),
+                code: None,
+                signal: Some(9),
+                error: None
+            }
+        );
+        let assign = SidecarMessage::Assign {
+            execution_id: "e1".into(),
+            slot: 2,
+            env: BTreeMap::from([("A".into(), "b".into())]),
+        };
+        assert_eq!(
+            serde_json::to_string(&assign).unwrap(),
+            r#"{"type":"assign","executionId":"e1","slot":2,"env":{"A":"b"}}"#
+        );
+    }
+
+    #[test]
+    fn unknown_messages_and_fields_are_refused() {
+        assert!(serde_json::from_str::<RunnerMessage>(r#"{"type":"bogus"}"#).is_err());
+        assert!(
+            serde_json::from_str::<RunnerMessage>(r#"{"type":"hello","protocol":1,"pid":1,"extra":1}"#).is_err()
+        );
+    }
+}

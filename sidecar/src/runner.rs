@@ -1,0 +1,441 @@
+//! The sidecar's side of the runner protocol: the slot table, runner generations and the
+//! socket server.
+//!
+//! A slot is a stable logical identity (1..=N). A runner connection is a *generation*; the
+//! slots are leasable only while a generation is connected and not draining. When a
+//! generation disconnects, every execution waiting on it ends as lost; a slot whose execution
+//! is still being reported stays busy until that dispatch releases it, so a new generation
+//! never sees the old execution. Completions are matched by execution id and generation;
+//! anything else is rejected.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{error, info, warn};
+
+use crate::protocol::{MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SidecarMessage};
+use crate::telemetry::Metrics;
+
+/// How an execution's process ended, as the runner reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessEnd {
+    Exited { code: i32 },
+    Signalled { signal: i32 },
+    NotStarted { error: String },
+    /// The runner generation that ran it disconnected first.
+    RunnerLost,
+}
+
+/// A leased slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub slot: u32,
+    pub generation: u64,
+}
+
+struct Waiter {
+    generation: u64,
+    tx: oneshot::Sender<ProcessEnd>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Connected generation; 0 = none.
+    generation: u64,
+    last_generation: u64,
+    draining: bool,
+    sender: Option<mpsc::UnboundedSender<SidecarMessage>>,
+    /// Per slot, the execution it runs.
+    busy: Vec<Option<String>>,
+    waiting: HashMap<String, Waiter>,
+}
+
+pub struct RunnerHub {
+    state: Mutex<State>,
+    /// Bumped on every change of slot availability.
+    changed: watch::Sender<u64>,
+    metrics: Arc<Metrics>,
+}
+
+impl RunnerHub {
+    pub fn new(slots: u32, metrics: Arc<Metrics>) -> Arc<Self> {
+        metrics.slots.set(i64::from(slots));
+        Arc::new(Self {
+            state: Mutex::new(State {
+                busy: vec![None; slots as usize],
+                ..State::default()
+            }),
+            changed: watch::channel(0).0,
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the table half-updated in a way that
+        // matters more than stopping; keep serving.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self, state: &State) {
+        let busy = state.busy.iter().filter(|b| b.is_some()).count();
+        self.metrics.set_busy(busy);
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Subscribe to availability changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub fn connected(&self) -> bool {
+        self.lock().generation != 0
+    }
+
+    /// Slots an assignment could go to now.
+    pub fn free_slots(&self) -> u32 {
+        let state = self.lock();
+        if state.generation == 0 || state.draining {
+            return 0;
+        }
+        u32::try_from(state.busy.iter().filter(|b| b.is_none()).count()).unwrap_or(0)
+    }
+
+    pub fn lease(&self, execution_id: &str) -> Option<Lease> {
+        let mut state = self.lock();
+        if state.generation == 0 || state.draining {
+            return None;
+        }
+        let index = state.busy.iter().position(Option::is_none)?;
+        state.busy[index] = Some(execution_id.to_owned());
+        let lease = Lease {
+            slot: u32::try_from(index + 1).unwrap_or(u32::MAX),
+            generation: state.generation,
+        };
+        self.bump(&state);
+        Some(lease)
+    }
+
+    /// Free the slot if it still runs this execution.
+    pub fn release(&self, lease: Lease, execution_id: &str) {
+        let mut state = self.lock();
+        let index = lease.slot as usize - 1;
+        if state.busy.get(index).and_then(Option::as_deref) == Some(execution_id) {
+            state.busy[index] = None;
+        }
+        state.waiting.remove(execution_id);
+        self.bump(&state);
+    }
+
+    /// Send an assignment on the lease's generation. `Err` when that generation is gone.
+    pub fn assign(
+        &self,
+        lease: Lease,
+        execution_id: &str,
+        env: BTreeMap<String, String>,
+    ) -> Result<oneshot::Receiver<ProcessEnd>, ()> {
+        let mut state = self.lock();
+        if state.generation != lease.generation {
+            return Err(());
+        }
+        let sender = state.sender.clone().ok_or(())?;
+        let (tx, rx) = oneshot::channel();
+        state.waiting.insert(
+            execution_id.to_owned(),
+            Waiter {
+                generation: lease.generation,
+                tx,
+            },
+        );
+        let message = SidecarMessage::Assign {
+            execution_id: execution_id.to_owned(),
+            slot: lease.slot,
+            env,
+        };
+        if sender.send(message).is_err() {
+            state.waiting.remove(execution_id);
+            return Err(());
+        }
+        Ok(rx)
+    }
+
+    /// Ask the runner to kill an execution's process (it still reports the exit).
+    pub fn cancel(&self, lease: Lease, execution_id: &str) {
+        let state = self.lock();
+        if state.generation == lease.generation
+            && let Some(sender) = &state.sender
+        {
+            let _ = sender.send(SidecarMessage::Cancel {
+                execution_id: execution_id.to_owned(),
+            });
+        }
+    }
+
+    fn connect(&self, sender: mpsc::UnboundedSender<SidecarMessage>) -> (u64, u32) {
+        let mut state = self.lock();
+        if state.generation != 0 {
+            let old = state.generation;
+            warn!(generation = old, "a new runner connected while another was connected; the old one is dropped");
+            Self::lose(&mut state, old);
+        }
+        state.last_generation += 1;
+        state.generation = state.last_generation;
+        state.sender = Some(sender);
+        state.draining = false;
+        self.metrics.runner_connected.set(1);
+        let slots = u32::try_from(state.busy.len()).unwrap_or(u32::MAX);
+        let generation = state.generation;
+        self.bump(&state);
+        (generation, slots)
+    }
+
+    /// End a generation: waiters on it learn that their runner is gone.
+    fn lose(state: &mut State, generation: u64) {
+        if state.generation == generation {
+            state.generation = 0;
+            state.sender = None;
+            state.draining = false;
+        }
+        let lost: Vec<String> = state
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.generation == generation)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in lost {
+            if let Some(w) = state.waiting.remove(&id) {
+                let _ = w.tx.send(ProcessEnd::RunnerLost);
+            }
+        }
+    }
+
+    fn disconnect(&self, generation: u64) {
+        let mut state = self.lock();
+        Self::lose(&mut state, generation);
+        if state.generation == 0 {
+            self.metrics.runner_connected.set(0);
+        }
+        self.bump(&state);
+    }
+
+    fn drain(&self, generation: u64) {
+        let mut state = self.lock();
+        if state.generation == generation {
+            state.draining = true;
+        }
+        self.bump(&state);
+    }
+
+    fn complete(&self, generation: u64, execution_id: &str, end: ProcessEnd) {
+        let mut state = self.lock();
+        match state.waiting.get(execution_id) {
+            Some(w) if w.generation == generation => {
+                if let Some(w) = state.waiting.remove(execution_id) {
+                    let _ = w.tx.send(end);
+                }
+            }
+            _ => {
+                self.metrics.rejected_completions.inc();
+                warn!(
+                    execution_id,
+                    generation, "rejected a completion for an execution this runner generation is not running"
+                );
+            }
+        }
+    }
+
+    /// Accept runner connections until the listener fails.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let hub = Arc::clone(&self);
+                    tokio::spawn(async move { hub.connection(stream).await });
+                }
+                Err(e) => {
+                    error!(error = %e, "accepting a runner connection failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: UnixStream) {
+        let (read, mut write) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        let hello = tokio::time::timeout(Duration::from_secs(10), read_message(&mut reader)).await;
+        let pid = match hello {
+            Ok(Ok(Some(RunnerMessage::Hello { protocol, pid }))) if protocol == PROTOCOL_VERSION => pid,
+            Ok(Ok(Some(RunnerMessage::Hello { protocol, .. }))) => {
+                error!(protocol, expected = PROTOCOL_VERSION, "refused a runner speaking another protocol version");
+                return;
+            }
+            other => {
+                warn!(answer = ?other.map(|r| r.map_err(|e| e.to_string())), "refused a runner connection that did not start with hello");
+                return;
+            }
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (generation, slots) = self.connect(tx);
+        info!(generation, runner_pid = pid, slots, "runner connected");
+        let welcome = SidecarMessage::Welcome {
+            protocol: PROTOCOL_VERSION,
+            generation,
+            slots,
+        };
+        let writer = tokio::spawn(async move {
+            let mut next = Some(welcome);
+            while let Some(message) = next.take().or(rx.recv().await) {
+                let mut line = serde_json::to_vec(&message).unwrap_or_default();
+                line.push(b'\n');
+                if write.write_all(&line).await.is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            match read_message(&mut reader).await {
+                Ok(Some(RunnerMessage::Exited {
+                    execution_id,
+                    code,
+                    signal,
+                    error,
+                })) => {
+                    let end = match (error, signal, code) {
+                        (Some(error), _, _) => ProcessEnd::NotStarted { error },
+                        (None, Some(signal), _) => ProcessEnd::Signalled { signal },
+                        (None, None, Some(code)) => ProcessEnd::Exited { code },
+                        (None, None, None) => ProcessEnd::NotStarted {
+                            error: "the runner reported neither an exit status nor a signal".into(),
+                        },
+                    };
+                    self.complete(generation, &execution_id, end);
+                }
+                Ok(Some(RunnerMessage::Draining)) => {
+                    info!(generation, "runner is draining; no more assignments go to it");
+                    self.drain(generation);
+                }
+                Ok(Some(RunnerMessage::Hello { .. })) => {
+                    warn!(generation, "ignored a repeated hello from the runner");
+                }
+                Ok(None) => {
+                    info!(generation, "runner disconnected");
+                    break;
+                }
+                Err(e) => {
+                    warn!(generation, error = %e, "runner connection dropped after a protocol error");
+                    break;
+                }
+            }
+        }
+        self.disconnect(generation);
+        writer.abort();
+    }
+}
+
+/// Read one message; `None` at end of stream. Lines are bounded by [`MAX_LINE_BYTES`].
+async fn read_message<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+) -> std::io::Result<Option<RunnerMessage>> {
+    let mut line = Vec::new();
+    let limit = u64::try_from(MAX_LINE_BYTES + 1).unwrap_or(u64::MAX);
+    let n = (&mut *reader).take(limit).read_until(b'\n', &mut line).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        let reason = if line.len() > MAX_LINE_BYTES { "message too long" } else { "connection closed mid-message" };
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, reason));
+    }
+    serde_json::from_slice(&line)
+        .map(Some)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("invalid message: {e}")))
+}
+
+/// Bind the socket, replacing a stale one left by an earlier sidecar.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    // The body container may run as another user of the pod's fsGroup.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o770))?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hub(slots: u32) -> Arc<RunnerHub> {
+        RunnerHub::new(slots, Arc::new(Metrics::new("t", None, "i").unwrap()))
+    }
+
+    #[test]
+    fn no_slots_without_a_runner_and_none_while_draining() {
+        let hub = hub(2);
+        assert_eq!(hub.free_slots(), 0);
+        assert!(hub.lease("e1").is_none());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (generation, _) = hub.connect(tx);
+        assert_eq!(hub.free_slots(), 2);
+        hub.drain(generation);
+        assert_eq!(hub.free_slots(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lost_generation_fails_its_executions_and_slots_return_only_with_a_new_one() {
+        let hub = hub(1);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (g1, _) = hub.connect(tx);
+        let lease = hub.lease("e1").unwrap();
+        assert_eq!(lease, Lease { slot: 1, generation: g1 });
+        assert!(hub.lease("e2").is_none(), "one slot, one execution");
+        let done = hub.assign(lease, "e1", BTreeMap::new()).unwrap();
+        assert!(matches!(rx.recv().await, Some(SidecarMessage::Assign { slot: 1, .. })));
+        hub.disconnect(g1);
+        assert_eq!(done.await.unwrap(), ProcessEnd::RunnerLost);
+        // A late completion from the dead generation is rejected.
+        hub.complete(g1, "e1", ProcessEnd::Exited { code: 0 });
+        assert_eq!(hub.metrics.rejected_completions.get(), 1);
+        let (tx2, _rx2) = mpsc::unbounded_channel();
+        let (g2, _) = hub.connect(tx2);
+        assert!(g2 > g1);
+        assert_eq!(hub.free_slots(), 0, "still busy until the dispatch releases it");
+        hub.release(lease, "e1");
+        assert_eq!(hub.free_slots(), 1);
+        let again = hub.lease("e3").unwrap();
+        assert_eq!(again.generation, g2);
+        assert!(hub.assign(lease, "e4", BTreeMap::new()).is_err(), "old generation is refused");
+    }
+
+    #[tokio::test]
+    async fn completions_match_execution_and_generation() {
+        let hub = hub(2);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let (g, _) = hub.connect(tx);
+        let a = hub.lease("a").unwrap();
+        let b = hub.lease("b").unwrap();
+        assert_ne!(a.slot, b.slot);
+        let ra = hub.assign(a, "a", BTreeMap::new()).unwrap();
+        let rb = hub.assign(b, "b", BTreeMap::new()).unwrap();
+        // Completed in reverse order.
+        hub.complete(g, "b", ProcessEnd::Exited { code: 3 });
+        hub.complete(g, "a", ProcessEnd::Signalled { signal: 9 });
+        assert_eq!(rb.await.unwrap(), ProcessEnd::Exited { code: 3 });
+        assert_eq!(ra.await.unwrap(), ProcessEnd::Signalled { signal: 9 });
+        // A duplicate is rejected.
+        hub.complete(g, "a", ProcessEnd::Exited { code: 0 });
+        assert_eq!(hub.metrics.rejected_completions.get(), 1);
+        hub.release(a, "a");
+        hub.release(a, "a");
+        assert_eq!(hub.free_slots(), 1);
+    }
+}
