@@ -31,10 +31,18 @@ impl std::fmt::Display for StartError {
 }
 
 pub fn read_contract(path: &Path) -> Result<TaskContract, StartError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| StartError(format!("reading the task contract {} failed: {e}", path.display())))?;
-    let contract: TaskContract = serde_json::from_str(&text)
-        .map_err(|e| StartError(format!("the task contract {} is invalid: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        StartError(format!(
+            "reading the task contract {} failed: {e}",
+            path.display()
+        ))
+    })?;
+    let contract: TaskContract = serde_json::from_str(&text).map_err(|e| {
+        StartError(format!(
+            "the task contract {} is invalid: {e}",
+            path.display()
+        ))
+    })?;
     if contract.version != CONTRACT_VERSION {
         return Err(StartError(format!(
             "the task contract {} has version {}; this sidecar reads version {CONTRACT_VERSION}",
@@ -49,8 +57,10 @@ pub fn read_contract(path: &Path) -> Result<TaskContract, StartError> {
 pub fn stop_on_signals() -> Result<watch::Receiver<bool>, StartError> {
     use tokio::signal::unix::{SignalKind, signal};
     let (tx, rx) = watch::channel(false);
-    let mut term = signal(SignalKind::terminate()).map_err(|e| StartError(format!("installing the SIGTERM handler failed: {e}")))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| StartError(format!("installing the SIGINT handler failed: {e}")))?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| StartError(format!("installing the SIGTERM handler failed: {e}")))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| StartError(format!("installing the SIGINT handler failed: {e}")))?;
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => info!(signal = "SIGTERM", "stopping"),
@@ -69,15 +79,27 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     let work_dir = settings.work_dir.clone();
     std::fs::create_dir_all(&work_dir)
         .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
-    let swept = execution::sweep(&work_dir).map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
-    info!(removed_count = swept, "swept abandoned attempt workspaces at startup");
+    let swept = execution::sweep(&work_dir)
+        .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
+    info!(
+        removed_count = swept,
+        "swept abandoned attempt workspaces at startup"
+    );
 
     let metrics = Arc::new(
-        Metrics::new(&contract.task_name, contract.metrics.as_ref(), &checked.instance_id)
-            .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
+        Metrics::new(
+            &contract.task_name,
+            contract.metrics.as_ref(),
+            &checked.instance_id,
+        )
+        .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
     );
-    let conductor = ConductorClient::new(&checked.conductor_url, checked.request_timeout, checked.credentials.clone())
-        .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?;
+    let conductor = ConductorClient::new(
+        &checked.conductor_url,
+        checked.request_timeout,
+        checked.credentials.clone(),
+    )
+    .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?;
     match conductor.task_def(&contract.task_name).await {
         Ok(Some(_)) => {}
         Ok(None) => {
@@ -86,16 +108,26 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
                 contract.task_name
             )));
         }
-        Err(e) => return Err(StartError(format!("failed to validate Conductor TaskDef: {e}"))),
+        Err(e) => {
+            return Err(StartError(format!(
+                "failed to validate Conductor TaskDef: {e}"
+            )));
+        }
     }
 
     let hub = RunnerHub::new(contract.slots, Arc::clone(&metrics));
     let socket = work_dir.join(SOCKET_NAME);
-    let listener = runner::bind(&socket).map_err(|e| StartError(format!("listening on {} failed: {e}", socket.display())))?;
+    let listener = runner::bind(&socket)
+        .map_err(|e| StartError(format!("listening on {} failed: {e}", socket.display())))?;
     tokio::spawn(Arc::clone(&hub).serve(listener));
-    let http = crate::http::serve(settings.http_addr, Arc::clone(&metrics), Arc::clone(&hub), stop.clone())
-        .await
-        .map_err(|e| StartError(format!("listening on {} failed: {e}", settings.http_addr)))?;
+    let http = crate::http::serve(
+        settings.http_addr,
+        Arc::clone(&metrics),
+        Arc::clone(&hub),
+        stop.clone(),
+    )
+    .await
+    .map_err(|e| StartError(format!("listening on {} failed: {e}", settings.http_addr)))?;
     info!(
         task_name = %contract.task_name,
         worker_id = %checked.worker_id,
@@ -120,7 +152,11 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
 
 /// Local mode: the sidecar plus `perago-runner -- <command>` as a child process, restarted
 /// with back-off when it dies (as the kubelet restarts a container).
-pub async fn run_local(settings: &Settings, runner_path: Option<PathBuf>, command: Vec<String>) -> Result<(), StartError> {
+pub async fn run_local(
+    settings: &Settings,
+    runner_path: Option<PathBuf>,
+    command: Vec<String>,
+) -> Result<(), StartError> {
     let runner_path = match runner_path {
         Some(p) => p,
         None => std::env::current_exe()
@@ -128,7 +164,10 @@ pub async fn run_local(settings: &Settings, runner_path: Option<PathBuf>, comman
             .with_file_name("perago-runner"),
     };
     if !runner_path.is_file() {
-        return Err(StartError(format!("perago-runner not found at {}", runner_path.display())));
+        return Err(StartError(format!(
+            "perago-runner not found at {}",
+            runner_path.display()
+        )));
     }
     let stop = stop_on_signals()?;
     let (runner_stop_tx, runner_stop) = watch::channel(false);
@@ -140,7 +179,12 @@ pub async fn run_local(settings: &Settings, runner_path: Option<PathBuf>, comman
     result
 }
 
-async fn supervise_runner(path: PathBuf, socket: PathBuf, command: Vec<String>, mut stop: watch::Receiver<bool>) {
+async fn supervise_runner(
+    path: PathBuf,
+    socket: PathBuf,
+    command: Vec<String>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut restarts = 0u32;
     loop {
         let child = Command::new(&path)
@@ -164,7 +208,8 @@ async fn supervise_runner(path: PathBuf, socket: PathBuf, command: Vec<String>, 
         };
         match exited {
             Some(status) => {
-                let delay = Duration::from_secs(1u64 << restarts.min(4)).min(Duration::from_secs(30));
+                let delay =
+                    Duration::from_secs(1u64 << restarts.min(4)).min(Duration::from_secs(30));
                 restarts += 1;
                 warn!(status = ?status.ok(), restart_in_s = delay.as_secs(), "perago-runner exited; restarting");
                 tokio::select! {
@@ -174,9 +219,15 @@ async fn supervise_runner(path: PathBuf, socket: PathBuf, command: Vec<String>, 
             }
             None => {
                 if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
                 }
-                if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                    .await
+                    .is_err()
+                {
                     let _ = child.kill().await;
                 }
                 return;

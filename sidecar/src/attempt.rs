@@ -32,7 +32,11 @@ pub enum SnapshotError {
     WrongType(&'static str),
 }
 
-fn string(task: &Map<String, Value>, key: &str, name: &'static str) -> Result<String, SnapshotError> {
+fn string(
+    task: &Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<String, SnapshotError> {
     match task.get(key) {
         None | Some(Value::Null) => Err(SnapshotError::Missing(name)),
         Some(Value::String(s)) => Ok(s.clone()),
@@ -49,14 +53,22 @@ fn integer(value: &Value) -> Option<i64> {
     }
 }
 
-fn required_int(task: &Map<String, Value>, key: &str, name: &'static str) -> Result<i64, SnapshotError> {
+fn required_int(
+    task: &Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<i64, SnapshotError> {
     match task.get(key) {
         None | Some(Value::Null) => Err(SnapshotError::Missing(name)),
         Some(v) => integer(v).ok_or(SnapshotError::WrongType(name)),
     }
 }
 
-fn optional_int(task: &Map<String, Value>, key: &str, name: &'static str) -> Result<Option<i64>, SnapshotError> {
+fn optional_int(
+    task: &Map<String, Value>,
+    key: &str,
+    name: &'static str,
+) -> Result<Option<i64>, SnapshotError> {
     match task.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => integer(v).map(Some).ok_or(SnapshotError::WrongType(name)),
@@ -104,7 +116,10 @@ impl AttemptSnapshot {
                 "responseTimeoutSeconds",
                 "response_timeout_seconds",
             )?,
-            worker_id: task.get("workerId").and_then(Value::as_str).map(str::to_owned),
+            worker_id: task
+                .get("workerId")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             poll_count: task.get("pollCount").and_then(integer),
         })
     }
@@ -166,7 +181,10 @@ mod tests {
             let mut t = task();
             t.as_object_mut().unwrap().remove(key);
             let err = AttemptSnapshot::from_task(&t).unwrap_err();
-            assert_eq!(err.to_string(), format!("Conductor task is missing required field {name}"));
+            assert_eq!(
+                err.to_string(),
+                format!("Conductor task is missing required field {name}")
+            );
             t[key] = Value::Null;
             assert_eq!(AttemptSnapshot::from_task(&t).unwrap_err(), err);
         }

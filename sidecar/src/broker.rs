@@ -18,7 +18,7 @@ use crate::config::Checked;
 use crate::execution::{self, ExecutionDir, Run};
 use crate::input::{self, Schemas};
 use crate::outcome::Outcome;
-use crate::runner::RunnerHub;
+use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
 
 pub struct Broker {
@@ -58,14 +58,23 @@ impl Broker {
             }
             let pause = match self
                 .conductor
-                .batch_poll(&task_name, &self.settings.worker_id, free, self.settings.poll_wait)
+                .batch_poll(
+                    &task_name,
+                    &self.settings.worker_id,
+                    free,
+                    self.settings.poll_wait,
+                )
                 .await
             {
                 Ok(tasks) if tasks.is_empty() => {
                     self.metrics.polls.with_label_values(&["empty"]).inc();
                     failed_polls = 0;
                     empty_polls = empty_polls.saturating_add(1);
-                    backoff(Duration::from_millis(1), empty_polls.min(10), self.settings.poll_interval)
+                    backoff(
+                        Duration::from_millis(1),
+                        empty_polls.min(10),
+                        self.settings.poll_interval,
+                    )
                 }
                 Ok(tasks) => {
                     self.metrics.polls.with_label_values(&["tasks"]).inc();
@@ -73,18 +82,31 @@ impl Broker {
                     empty_polls = 0;
                     failed_polls = 0;
                     for task in tasks {
+                        // Lease here, not in the spawned attempt, so the next poll already
+                        // counts this slot as taken.
+                        let execution_id = uuid::Uuid::new_v4().simple().to_string();
+                        let lease = self.hub.lease(&execution_id);
                         let broker = Arc::clone(&self);
                         let abandon = abandon.clone();
-                        inflight.spawn(async move { broker.attempt(task, abandon).await });
+                        inflight.spawn(async move {
+                            broker.attempt(task, execution_id, lease, abandon).await
+                        });
                     }
                     Duration::ZERO
                 }
                 Err(e) => {
                     self.metrics.polls.with_label_values(&["error"]).inc();
-                    self.metrics.conductor_errors.with_label_values(&[e.call()]).inc();
+                    self.metrics
+                        .conductor_errors
+                        .with_label_values(&[e.call()])
+                        .inc();
                     failed_polls = failed_polls.saturating_add(1);
                     let cap = if e.is_auth() { 60 } else { 120 };
-                    let pause = backoff(Duration::from_secs(1), failed_polls - 1, Duration::from_secs(cap));
+                    let pause = backoff(
+                        Duration::from_secs(1),
+                        failed_polls - 1,
+                        Duration::from_secs(cap),
+                    );
                     warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "polling Conductor failed");
                     pause
                 }
@@ -97,30 +119,49 @@ impl Broker {
             }
         }
         let count = inflight.len();
-        info!(in_flight = count, grace_seconds = self.settings.shutdown_grace.as_secs(), "stopped polling; draining in-flight attempts");
+        info!(
+            in_flight = count,
+            grace_seconds = self.settings.shutdown_grace.as_secs(),
+            "stopped polling; draining in-flight attempts"
+        );
         let drained = tokio::time::timeout(self.settings.shutdown_grace, async {
             while inflight.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
-            warn!(in_flight = inflight.len(), "shutdown grace period over; giving up the remaining attempts");
+            warn!(
+                in_flight = inflight.len(),
+                "shutdown grace period over; giving up the remaining attempts"
+            );
             let _ = abandon_tx.send(true);
             while inflight.join_next().await.is_some() {}
         }
         info!("all attempts reported");
     }
 
-    async fn attempt(self: Arc<Self>, task: Value, abandon: watch::Receiver<bool>) {
-        let execution_id = uuid::Uuid::new_v4().simple().to_string();
+    async fn attempt(
+        self: Arc<Self>,
+        task: Value,
+        execution_id: String,
+        lease: Option<Lease>,
+        abandon: watch::Receiver<bool>,
+    ) {
         let snapshot = match AttemptSnapshot::from_task(&task) {
             Ok(s) => s,
             Err(e) => {
+                if let Some(lease) = lease {
+                    self.hub.release(lease, &execution_id);
+                }
                 match report_identity(&task) {
                     Some((wf, id)) => {
                         let span = info_span!("attempt", workflow_instance_id = %wf, task_id = %id, execution_id = %execution_id);
-                        self.report(&wf, &id, Outcome::failed(e.to_string())).instrument(span).await;
+                        self.report(&wf, &id, Outcome::failed(e.to_string()))
+                            .instrument(span)
+                            .await;
                     }
-                    None => error!(error = %e, task = %task, "polled a task that cannot be reported; Conductor's timeout will handle it"),
+                    None => {
+                        error!(error = %e, task = %task, "polled a task that cannot be reported; Conductor's timeout will handle it")
+                    }
                 }
                 return;
             }
@@ -135,10 +176,10 @@ impl Broker {
         async move {
             let started = Instant::now();
             info!(phase = "start", reference_task_name = %snapshot.reference_task_name, "attempt started");
-            let lease = self.keep_lease(&snapshot);
-            let outcome = self.execute(&snapshot, &execution_id, abandon).await;
-            lease.abort();
-            let _ = lease.await;
+            let keeper = self.keep_lease(&snapshot);
+            let outcome = self.execute(&snapshot, &execution_id, lease, abandon).await;
+            keeper.abort();
+            let _ = keeper.await;
             self.metrics.record_attempt_seconds(started.elapsed().as_secs_f64());
             self.report(&snapshot.workflow_instance_id, &snapshot.task_id, outcome).await;
         }
@@ -154,10 +195,15 @@ impl Broker {
             .unwrap_or(self.contract.response_timeout_seconds);
         let mut period = Duration::from_millis(u64::try_from(rt).unwrap_or(0).saturating_mul(500));
         if let Some(budget) = &self.contract.publish_budget {
-            period = period.min(Duration::from_secs(u64::try_from(budget.heartbeat_interval_seconds).unwrap_or(1)));
+            period = period.min(Duration::from_secs(
+                u64::try_from(budget.heartbeat_interval_seconds).unwrap_or(1),
+            ));
         }
         let broker = Arc::clone(self);
-        let (wf, id) = (snapshot.workflow_instance_id.clone(), snapshot.task_id.clone());
+        let (wf, id) = (
+            snapshot.workflow_instance_id.clone(),
+            snapshot.task_id.clone(),
+        );
         tokio::spawn(
             async move {
                 if period.is_zero() {
@@ -180,16 +226,43 @@ impl Broker {
         )
     }
 
-    async fn execute(&self, snapshot: &AttemptSnapshot, execution_id: &str, abandon: watch::Receiver<bool>) -> Outcome {
+    /// Run the attempt on its leased slot and free the slot afterwards.
+    async fn execute(
+        &self,
+        snapshot: &AttemptSnapshot,
+        execution_id: &str,
+        lease: Option<Lease>,
+        abandon: watch::Receiver<bool>,
+    ) -> Outcome {
+        let Some(lease) = lease else {
+            return Outcome::failed(format!(
+                "no executor slot is free for task {}; the task-body runner is not connected",
+                snapshot.task_id
+            ));
+        };
+        let outcome = self
+            .execute_on(snapshot, execution_id, lease, abandon)
+            .await;
+        self.hub.release(lease, execution_id);
+        outcome
+    }
+
+    async fn execute_on(
+        &self,
+        snapshot: &AttemptSnapshot,
+        execution_id: &str,
+        lease: Lease,
+        abandon: watch::Receiver<bool>,
+    ) -> Outcome {
         let started = Instant::now();
-        let accepted = input::accept(&self.contract, &snapshot.input_data)
-            .and_then(|accepted| {
-                if self.contract.is_workspace_task() {
-                    // The workspace transaction is not part of this runtime yet.
-                    return Err("workspace tasks are not supported by this sidecar version".to_owned());
-                }
-                self.schemas.params(accepted.params, self.contract.strict_params)
-            });
+        let accepted = input::accept(&self.contract, &snapshot.input_data).and_then(|accepted| {
+            if self.contract.is_workspace_task() {
+                // The workspace transaction is not part of this runtime yet.
+                return Err("workspace tasks are not supported by this sidecar version".to_owned());
+            }
+            self.schemas
+                .params(accepted.params, self.contract.strict_params)
+        });
         self.metrics
             .phase_seconds
             .with_label_values(&["input"])
@@ -201,14 +274,8 @@ impl Broker {
                 return Outcome::Failed(reason);
             }
         };
-        let Some(lease) = self.hub.lease(execution_id) else {
-            return Outcome::failed(format!(
-                "no executor slot is free for task {}; the task-body runner is not connected",
-                snapshot.task_id
-            ));
-        };
         let slot_worker_id = format!("{}-{:04}", self.settings.worker_id, lease.slot);
-        let outcome = match ExecutionDir::create(&self.work_dir, snapshot, execution_id, &slot_worker_id) {
+        match ExecutionDir::create(&self.work_dir, snapshot, execution_id, &slot_worker_id) {
             Err(e) => Outcome::failed(format!("preparing the execution directory failed: {e}")),
             Ok(dir) => {
                 let mut run = Run {
@@ -225,27 +292,32 @@ impl Broker {
                         .map(Duration::from_secs),
                     abandon,
                 };
-                let outcome = match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
-                    Ok(result) => {
-                        let mut output = Map::new();
-                        output.insert("result".into(), result);
-                        Outcome::Completed(output)
-                    }
-                    Err(outcome) => outcome,
-                };
+                let outcome =
+                    match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
+                        Ok(result) => {
+                            let mut output = Map::new();
+                            output.insert("result".into(), result);
+                            Outcome::Completed(output)
+                        }
+                        Err(outcome) => outcome,
+                    };
                 dir.cleanup();
                 outcome
             }
-        };
-        self.hub.release(lease, execution_id);
-        outcome
+        }
     }
 
     /// Send the result, retrying transient failures with back-off. A result that cannot be
     /// delivered is logged loudly; Conductor's timeouts take over.
     async fn report(&self, workflow_instance_id: &str, task_id: &str, mut outcome: Outcome) {
-        if let Some(original_length) = outcome.truncate_reason(self.settings.failure_reason_max_length) {
-            warn!(original_length, max_length = self.settings.failure_reason_max_length, "truncated task failure reason");
+        if let Some(original_length) =
+            outcome.truncate_reason(self.settings.failure_reason_max_length)
+        {
+            warn!(
+                original_length,
+                max_length = self.settings.failure_reason_max_length,
+                "truncated task failure reason"
+            );
         }
         let status = outcome.status();
         let body = outcome.task_result(workflow_instance_id, task_id, &self.settings.worker_id);
@@ -259,7 +331,12 @@ impl Broker {
         let mut last: Option<ConductorError> = None;
         for attempt in 0..6u32 {
             if attempt > 0 {
-                tokio::time::sleep(backoff(Duration::from_secs(1), attempt - 1, Duration::from_secs(16))).await;
+                tokio::time::sleep(backoff(
+                    Duration::from_secs(1),
+                    attempt - 1,
+                    Duration::from_secs(16),
+                ))
+                .await;
             }
             match self.conductor.update_task(&body, timeout).await {
                 Ok(()) => {
@@ -268,11 +345,19 @@ impl Broker {
                         .phase_seconds
                         .with_label_values(&["report"])
                         .observe(started.elapsed().as_secs_f64());
-                    info!(phase = "report", status, reason = outcome.reason().unwrap_or(""), "attempt reported");
+                    info!(
+                        phase = "report",
+                        status,
+                        reason = outcome.reason().unwrap_or(""),
+                        "attempt reported"
+                    );
                     return;
                 }
                 Err(e) => {
-                    self.metrics.conductor_errors.with_label_values(&[e.call()]).inc();
+                    self.metrics
+                        .conductor_errors
+                        .with_label_values(&[e.call()])
+                        .inc();
                     let transient = e.is_transient();
                     warn!(error = %e, attempt = attempt + 1, transient, "reporting the result failed");
                     last = Some(e);
@@ -300,7 +385,10 @@ mod tests {
     #[test]
     fn backoff_doubles_up_to_the_cap() {
         let ms = |n| backoff(Duration::from_millis(1), n, Duration::from_millis(100)).as_millis();
-        assert_eq!([ms(0), ms(1), ms(5), ms(7), ms(10), ms(40)], [1, 2, 32, 100, 100, 100]);
+        assert_eq!(
+            [ms(0), ms(1), ms(5), ms(7), ms(10), ms(40)],
+            [1, 2, 32, 100, 100, 100]
+        );
         let s = |n| backoff(Duration::from_secs(1), n, Duration::from_secs(120)).as_secs();
         assert_eq!([s(0), s(3), s(6), s(7)], [1, 8, 64, 120]);
     }

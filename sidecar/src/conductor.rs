@@ -30,7 +30,9 @@ pub enum ConductorError {
 impl ConductorError {
     pub fn call(&self) -> &'static str {
         match self {
-            Self::Status { call, .. } | Self::Transport { call, .. } | Self::Decode { call, .. } => call,
+            Self::Status { call, .. }
+            | Self::Transport { call, .. }
+            | Self::Decode { call, .. } => call,
         }
     }
 
@@ -119,13 +121,12 @@ impl ConductorClient {
                 .await
                 .map_err(|source| ConductorError::Transport { call, source })?;
             let body: Value = read(call, response).await?.unwrap_or(Value::Null);
-            let fresh = body
-                .get("token")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ConductorError::Decode {
+            let fresh = body.get("token").and_then(Value::as_str).ok_or_else(|| {
+                ConductorError::Decode {
                     call,
                     detail: "no token in the answer".into(),
-                })?;
+                }
+            })?;
             *token = Some(fresh.to_owned());
         }
         Ok(token.clone())
@@ -149,7 +150,10 @@ impl ConductorClient {
                 .send()
                 .await
                 .map_err(|source| ConductorError::Transport { call, source })?;
-            if response.status() == StatusCode::UNAUTHORIZED && self.credentials.is_some() && !refreshed {
+            if response.status() == StatusCode::UNAUTHORIZED
+                && self.credentials.is_some()
+                && !refreshed
+            {
                 refreshed = true;
                 continue;
             }
@@ -160,7 +164,10 @@ impl ConductorClient {
     /// `GET /metadata/taskdefs/{name}`; `None` when it does not exist.
     pub async fn task_def(&self, name: &str) -> Result<Option<Value>, ConductorError> {
         let url = format!("{}/metadata/taskdefs/{}", self.base, encode(name));
-        match self.send("get TaskDef", self.request_timeout, |h| h.get(&url)).await {
+        match self
+            .send("get TaskDef", self.request_timeout, |h| h.get(&url))
+            .await
+        {
             Ok(v) => Ok(v),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
@@ -212,7 +219,11 @@ impl ConductorClient {
     }
 
     /// `POST /tasks` (v1) with a TaskResult body.
-    pub async fn update_task(&self, result: &Value, timeout: Duration) -> Result<(), ConductorError> {
+    pub async fn update_task(
+        &self,
+        result: &Value,
+        timeout: Duration,
+    ) -> Result<(), ConductorError> {
         let url = format!("{}/tasks", self.base);
         self.send("update task", timeout, |h| h.post(&url).json(result))
             .await
@@ -235,13 +246,18 @@ impl ConductorClient {
             "status": "IN_PROGRESS",
             "extendLease": true
         });
-        self.send("extend lease", self.request_timeout, |h| h.post(&url).json(&body))
-            .await
-            .map(drop)
+        self.send("extend lease", self.request_timeout, |h| {
+            h.post(&url).json(&body)
+        })
+        .await
+        .map(drop)
     }
 }
 
-async fn read(call: &'static str, response: reqwest::Response) -> Result<Option<Value>, ConductorError> {
+async fn read(
+    call: &'static str,
+    response: reqwest::Response,
+) -> Result<Option<Value>, ConductorError> {
     let status = response.status();
     let text = response
         .text()
@@ -255,7 +271,9 @@ async fn read(call: &'static str, response: reqwest::Response) -> Result<Option<
         return Ok(None);
     }
     // Several endpoints answer text/plain (the update returns the bare task id).
-    Ok(Some(serde_json::from_str(&text).unwrap_or(Value::String(text))))
+    Ok(Some(
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
 }
 
 fn kind(v: &Value) -> &'static str {

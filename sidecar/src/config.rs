@@ -12,7 +12,11 @@ use crate::conductor::Credentials;
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
     /// The task contract rendered by the operator.
-    #[arg(long, env = "PERAGO_TASK_CONTRACT", default_value = "/etc/perago/contract.json")]
+    #[arg(
+        long,
+        env = "PERAGO_TASK_CONTRACT",
+        default_value = "/etc/perago/contract.json"
+    )]
     pub contract: PathBuf,
     /// The shared work volume: the runner socket and the execution directories.
     #[arg(long, env = "PERAGO_WORK_DIR", default_value = "/perago-work")]
@@ -77,15 +81,27 @@ fn not_placeholder(name: &str, value: Option<String>) -> Result<Option<String>, 
 
 impl Settings {
     pub fn check(&self) -> Result<Checked, String> {
-        let conductor_url = not_placeholder("CONDUCTOR_SERVER_URL", set(self.conductor_url.as_ref()))?
-            .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
+        let conductor_url =
+            not_placeholder("CONDUCTOR_SERVER_URL", set(self.conductor_url.as_ref()))?
+                .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
         let key = not_placeholder("CONDUCTOR_AUTH_KEY", set(self.conductor_auth_key.as_ref()))?;
-        let secret = not_placeholder("CONDUCTOR_AUTH_SECRET", set(self.conductor_auth_secret.as_ref()))?;
+        let secret = not_placeholder(
+            "CONDUCTOR_AUTH_SECRET",
+            set(self.conductor_auth_secret.as_ref()),
+        )?;
         let credentials = match (key, secret) {
             (Some(key), Some(secret)) => Some(Credentials { key, secret }),
             (None, None) => None,
-            (None, Some(_)) => return Err("Conductor credentials are incomplete; missing CONDUCTOR_AUTH_KEY".into()),
-            (Some(_), None) => return Err("Conductor credentials are incomplete; missing CONDUCTOR_AUTH_SECRET".into()),
+            (None, Some(_)) => {
+                return Err(
+                    "Conductor credentials are incomplete; missing CONDUCTOR_AUTH_KEY".into(),
+                );
+            }
+            (Some(_), None) => {
+                return Err(
+                    "Conductor credentials are incomplete; missing CONDUCTOR_AUTH_SECRET".into(),
+                );
+            }
         };
         let prefix = match &self.worker_id_prefix {
             None => None,
@@ -95,7 +111,9 @@ impl Settings {
                     return Err("PERAGO_WORKER_ID_PREFIX must not be empty".into());
                 }
                 if !p.chars().all(|c| c.is_ascii_alphanumeric()) {
-                    return Err("PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits".into());
+                    return Err(
+                        "PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits".into(),
+                    );
                 }
                 Some(p.to_owned())
             }
@@ -109,13 +127,19 @@ impl Settings {
             return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero".into());
         }
         if self.poll_timeout_ms > 5000 {
-            return Err("PERAGO_POLL_TIMEOUT_MS must be at most 5000 (Conductor's long-poll limit)".into());
+            return Err(
+                "PERAGO_POLL_TIMEOUT_MS must be at most 5000 (Conductor's long-poll limit)".into(),
+            );
         }
         if self.conductor_timeout_seconds == 0 {
             return Err("PERAGO_CONDUCTOR_TIMEOUT_SECONDS must be greater than zero".into());
         }
         let pod = set(self.pod_name.as_ref())
-            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| format!("pid{}", std::process::id()));
         // The pod name plus a random suffix: a restarted sidecar in the same pod is a new worker.
@@ -152,21 +176,36 @@ mod tests {
     fn check(args: &[&str]) -> Result<Checked, String> {
         let mut all = vec!["x", "--pod-name", "pod-a"];
         all.extend_from_slice(args);
-        Cli::try_parse_from(all).map_err(|e| e.to_string())?.settings.check()
+        Cli::try_parse_from(all)
+            .map_err(|e| e.to_string())?
+            .settings
+            .check()
     }
 
     #[test]
     fn messages() {
-        assert_eq!(check(&[]).unwrap_err(), "CONDUCTOR_SERVER_URL is required for perago start");
+        assert_eq!(
+            check(&[]).unwrap_err(),
+            "CONDUCTOR_SERVER_URL is required for perago start"
+        );
         assert_eq!(
             check(&["--conductor-url", "replace-me"]).unwrap_err(),
             "CONDUCTOR_SERVER_URL must be replaced with a real value"
         );
         let url = ["--conductor-url", "http://c/api"];
         for (value, message) in [
-            ("0", "PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero"),
-            ("-1", "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer"),
-            ("1.5", "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer"),
+            (
+                "0",
+                "PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero",
+            ),
+            (
+                "-1",
+                "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer",
+            ),
+            (
+                "1.5",
+                "PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer",
+            ),
         ] {
             let flag = format!("--failure-reason-max-length={value}");
             let mut args = url.to_vec();
@@ -175,15 +214,27 @@ mod tests {
         }
         let mut args = url.to_vec();
         args.extend(["--worker-id-prefix", "a-b"]);
-        assert_eq!(check(&args).unwrap_err(), "PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits");
+        assert_eq!(
+            check(&args).unwrap_err(),
+            "PERAGO_WORKER_ID_PREFIX must contain only ASCII letters and digits"
+        );
         let mut args = url.to_vec();
         args.extend(["--conductor-auth-key", "k"]);
-        assert!(check(&args).unwrap_err().contains("missing CONDUCTOR_AUTH_SECRET"));
+        assert!(
+            check(&args)
+                .unwrap_err()
+                .contains("missing CONDUCTOR_AUTH_SECRET")
+        );
     }
 
     #[test]
     fn worker_id_names_the_pod_and_is_unique_per_start() {
-        let mut args = vec!["--conductor-url", "http://c/api", "--worker-id-prefix", "feat"];
+        let mut args = vec![
+            "--conductor-url",
+            "http://c/api",
+            "--worker-id-prefix",
+            "feat",
+        ];
         let a = check(&args).unwrap();
         let b = check(&args).unwrap();
         assert!(a.worker_id.starts_with("feat-pod-a-"), "{}", a.worker_id);

@@ -51,7 +51,12 @@ pub struct ExecutionDir {
 }
 
 impl ExecutionDir {
-    pub fn create(work_dir: &Path, snapshot: &AttemptSnapshot, execution_id: &str, worker_id: &str) -> std::io::Result<Self> {
+    pub fn create(
+        work_dir: &Path,
+        snapshot: &AttemptSnapshot,
+        execution_id: &str,
+        worker_id: &str,
+    ) -> std::io::Result<Self> {
         let path = work_dir.join(EXECUTIONS).join(format!(
             "task_id={}-exec={}",
             safe(&snapshot.task_id),
@@ -98,7 +103,12 @@ fn now_rfc3339() -> String {
     let days = now / 86_400;
     let rem = now % 86_400;
     let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date.
@@ -148,7 +158,8 @@ pub async fn run_body(
     workspace: Option<&Path>,
 ) -> Result<Value, Outcome> {
     let params_path = dir.file(files::PARAMS);
-    let text = serde_json::to_vec(params).map_err(|e| Outcome::failed(format!("serialising params failed: {e}")))?;
+    let text = serde_json::to_vec(params)
+        .map_err(|e| Outcome::failed(format!("serialising params failed: {e}")))?;
     tokio::fs::write(&params_path, text)
         .await
         .map_err(|e| Outcome::failed(format!("writing {} failed: {e}", params_path.display())))?;
@@ -165,7 +176,10 @@ pub async fn run_body(
     }
     put(env::TASK_NAME, run.task_name.to_owned());
     put(env::TASK_ID, snapshot.task_id.clone());
-    put(env::WORKFLOW_INSTANCE_ID, snapshot.workflow_instance_id.clone());
+    put(
+        env::WORKFLOW_INSTANCE_ID,
+        snapshot.workflow_instance_id.clone(),
+    );
     put(env::RETRY_COUNT, snapshot.retry_count.to_string());
     put(env::EXECUTION_ID, run.execution_id.to_owned());
     put(env::WORKER_ID, run.slot_worker_id.to_owned());
@@ -174,8 +188,12 @@ pub async fn run_body(
     let done = run
         .hub
         .assign(run.lease, run.execution_id, vars)
-        .map_err(|()| Outcome::failed(pipe_broken(run.slot_worker_id, task_id)))?;
-    info!(phase = "body", slot = run.lease.slot, "assigned to the runner");
+        .map_err(|_| Outcome::failed(pipe_broken(run.slot_worker_id, task_id)))?;
+    info!(
+        phase = "body",
+        slot = run.lease.slot,
+        "assigned to the runner"
+    );
     let started = std::time::Instant::now();
     let end = wait(run, done).await;
     run.metrics
@@ -185,7 +203,11 @@ pub async fn run_body(
     record_application_metrics(run.metrics, dir).await;
     let end = match end {
         Waited::Ended(end) => end,
-        Waited::Deadline => return Err(Outcome::failed(format!("executor did not return result for task {task_id}"))),
+        Waited::Deadline => {
+            return Err(Outcome::failed(format!(
+                "executor did not return result for task {task_id}"
+            )));
+        }
         Waited::Abandoned => {
             return Err(Outcome::failed(format!(
                 "the sidecar shut down before task {task_id} finished"
@@ -197,7 +219,9 @@ pub async fn run_body(
         ProcessEnd::RunnerLost | ProcessEnd::Signalled { .. } => {
             Err(Outcome::failed(runner_lost(run.slot_worker_id, task_id)))
         }
-        ProcessEnd::NotStarted { error } => Err(Outcome::failed(format!("task body could not be started: {error}"))),
+        ProcessEnd::NotStarted { error } => Err(Outcome::failed(format!(
+            "task body could not be started: {error}"
+        ))),
         ProcessEnd::Exited { code } => read_outcome(run.schemas, dir, code).await,
     }
 }
@@ -243,16 +267,25 @@ async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, String> {
 /// The body's outcome from its exit status and files: an error document wins, then the exit
 /// status, then the result document.
 async fn read_outcome(schemas: &Schemas, dir: &ExecutionDir, code: i32) -> Result<Value, Outcome> {
-    if let Some(bytes) = read_optional(&dir.file(files::ERROR)).await.map_err(Outcome::Failed)? {
+    if let Some(bytes) = read_optional(&dir.file(files::ERROR))
+        .await
+        .map_err(Outcome::Failed)?
+    {
         return Err(error_document(&bytes));
     }
     if code != 0 {
-        return Err(Outcome::failed(format!("task body exited with status {code}")));
+        return Err(Outcome::failed(format!(
+            "task body exited with status {code}"
+        )));
     }
     let bytes = read_optional(&dir.file(files::RESULT))
         .await
         .map_err(Outcome::Failed)?
-        .ok_or_else(|| Outcome::failed("task body exited with status 0 without writing a result to PERAGO_RESULT"))?;
+        .ok_or_else(|| {
+            Outcome::failed(
+                "task body exited with status 0 without writing a result to PERAGO_RESULT",
+            )
+        })?;
     let result: Value = serde_json::from_slice(&bytes)
         .map_err(|e| Outcome::failed(format!("task body wrote a result that is not JSON: {e}")))?;
     schemas.result(&result).map_err(Outcome::Failed)?;
@@ -263,11 +296,22 @@ async fn read_outcome(schemas: &Schemas, dir: &ExecutionDir, code: i32) -> Resul
 pub fn error_document(bytes: &[u8]) -> Outcome {
     let doc: Map<String, Value> = match serde_json::from_slice(bytes) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => return Outcome::failed("task body wrote an error document that is not a JSON object"),
-        Err(e) => return Outcome::failed(format!("task body wrote an error document that is not JSON: {e}")),
+        Ok(_) => {
+            return Outcome::failed("task body wrote an error document that is not a JSON object");
+        }
+        Err(e) => {
+            return Outcome::failed(format!(
+                "task body wrote an error document that is not JSON: {e}"
+            ));
+        }
     };
-    if let Some(key) = doc.keys().find(|k| !matches!(k.as_str(), "reason" | "terminal")) {
-        return Outcome::failed(format!("task body wrote an error document with unknown field {key}"));
+    if let Some(key) = doc
+        .keys()
+        .find(|k| !matches!(k.as_str(), "reason" | "terminal"))
+    {
+        return Outcome::failed(format!(
+            "task body wrote an error document with unknown field {key}"
+        ));
     }
     let reason = match doc.get("reason") {
         Some(Value::String(r)) => r.clone(),
@@ -276,7 +320,9 @@ pub fn error_document(bytes: &[u8]) -> Outcome {
     match doc.get("terminal") {
         Some(Value::Bool(true)) => Outcome::Terminal(reason),
         None | Some(Value::Bool(false)) => Outcome::Failed(reason),
-        Some(_) => Outcome::failed("task body wrote an error document whose terminal field is not a boolean"),
+        Some(_) => Outcome::failed(
+            "task body wrote an error document whose terminal field is not a boolean",
+        ),
     }
 }
 
@@ -320,12 +366,36 @@ mod tests {
 
     #[test]
     fn error_documents() {
-        assert_eq!(error_document(br#"{"reason":"bad","terminal":true}"#), Outcome::Terminal("bad".into()));
-        assert_eq!(error_document(br#"{"reason":"bad"}"#), Outcome::Failed("bad".into()));
-        assert_eq!(error_document(br#"{"reason":1}"#), Outcome::failed("reason must be str"));
-        assert!(error_document(b"nope").reason().unwrap().contains("not JSON"));
-        assert!(error_document(br#"{"reason":"x","extra":1}"#).reason().unwrap().contains("unknown field extra"));
-        assert!(error_document(br#"{"reason":"x","terminal":"yes"}"#).reason().unwrap().contains("not a boolean"));
+        assert_eq!(
+            error_document(br#"{"reason":"bad","terminal":true}"#),
+            Outcome::Terminal("bad".into())
+        );
+        assert_eq!(
+            error_document(br#"{"reason":"bad"}"#),
+            Outcome::Failed("bad".into())
+        );
+        assert_eq!(
+            error_document(br#"{"reason":1}"#),
+            Outcome::failed("reason must be str")
+        );
+        assert!(
+            error_document(b"nope")
+                .reason()
+                .unwrap()
+                .contains("not JSON")
+        );
+        assert!(
+            error_document(br#"{"reason":"x","extra":1}"#)
+                .reason()
+                .unwrap()
+                .contains("unknown field extra")
+        );
+        assert!(
+            error_document(br#"{"reason":"x","terminal":"yes"}"#)
+                .reason()
+                .unwrap()
+                .contains("not a boolean")
+        );
     }
 
     #[test]
@@ -346,15 +416,22 @@ mod tests {
         .unwrap();
         let dir = ExecutionDir::create(work.path(), &snap, "exec-1", "w").unwrap();
         assert!(dir.path.ends_with("executions/task_id=9b4c-exec=exec-1"));
-        let marker: Value = serde_json::from_slice(&std::fs::read(dir.file(MARKER)).unwrap()).unwrap();
+        let marker: Value =
+            serde_json::from_slice(&std::fs::read(dir.file(MARKER)).unwrap()).unwrap();
         assert_eq!(marker.as_object().unwrap().len(), 9);
-        assert!(ExecutionDir::create(work.path(), &snap, "exec-1", "w").is_err(), "collision fails");
+        assert!(
+            ExecutionDir::create(work.path(), &snap, "exec-1", "w").is_err(),
+            "collision fails"
+        );
         let other = ExecutionDir::create(work.path(), &snap, "exec-2", "w").unwrap();
         std::fs::create_dir(work.path().join(EXECUTIONS).join("foreign")).unwrap();
         dir.cleanup();
         assert!(!dir.path.exists());
         assert_eq!(sweep(work.path()).unwrap(), 1);
         assert!(!other.path.exists());
-        assert!(work.path().join(EXECUTIONS).join("foreign").exists(), "unmarked directories stay");
+        assert!(
+            work.path().join(EXECUTIONS).join("foreign").exists(),
+            "unmarked directories stay"
+        );
     }
 }

@@ -38,7 +38,10 @@ async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
     if *s.stopping.borrow() {
         (StatusCode::SERVICE_UNAVAILABLE, "stopping\n")
     } else if !s.hub.connected() {
-        (StatusCode::SERVICE_UNAVAILABLE, "no task-body runner connected\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no task-body runner connected\n",
+        )
     } else {
         (StatusCode::OK, "ok\n")
     }

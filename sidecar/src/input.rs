@@ -55,7 +55,10 @@ pub struct AcceptedInput {
 }
 
 /// Check the top-level key set of `inputData`.
-pub fn accept(contract: &TaskContract, input: &Map<String, Value>) -> Result<AcceptedInput, String> {
+pub fn accept(
+    contract: &TaskContract,
+    input: &Map<String, Value>,
+) -> Result<AcceptedInput, String> {
     let workspace_task = contract.is_workspace_task();
     let expected: &[&str] = if workspace_task {
         &["workspace", "params"]
@@ -101,7 +104,9 @@ fn check(validator: &Validator, value: &Value, what: &str) -> Result<(), String>
                 }
             }
             ValidationErrorKind::Required { property } => {
-                let name = property.as_str().map_or_else(|| property.to_string(), str::to_owned);
+                let name = property
+                    .as_str()
+                    .map_or_else(|| property.to_string(), str::to_owned);
                 problems.push(format!("{path}.{name}: Field required"));
             }
             _ => problems.push(format!("{path}: {error}")),
@@ -145,7 +150,9 @@ pub fn strip_undeclared(schema: &Value, value: &mut Value) {
                         strip_undeclared(sub, item);
                     }
                 }
-            } else if let Some(values) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+            } else if let Some(values) =
+                schema.get("additionalProperties").filter(|v| v.is_object())
+            {
                 for item in map.values_mut() {
                     strip_undeclared(values, item);
                 }
@@ -164,8 +171,14 @@ pub fn strip_undeclared(schema: &Value, value: &mut Value) {
 
 /// `properties`, merged with those of `allOf` members.
 fn declared_properties(schema: &Map<String, Value>) -> Option<Map<String, Value>> {
-    let mut merged: Option<Map<String, Value>> = schema.get("properties").and_then(Value::as_object).cloned();
-    for member in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+    let mut merged: Option<Map<String, Value>> =
+        schema.get("properties").and_then(Value::as_object).cloned();
+    for member in schema
+        .get("allOf")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if let Some(props) = member.get("properties").and_then(Value::as_object) {
             merged.get_or_insert_with(Map::new).extend(props.clone());
         }
@@ -188,7 +201,11 @@ fn union_branch<'s>(schema: &'s Map<String, Value>, value: &Value) -> Option<&'s
                 let required_ok = b
                     .get("required")
                     .and_then(Value::as_array)
-                    .is_none_or(|req| req.iter().filter_map(Value::as_str).all(|k| map.contains_key(k)));
+                    .is_none_or(|req| {
+                        req.iter()
+                            .filter_map(Value::as_str)
+                            .all(|k| map.contains_key(k))
+                    });
                 let props = declared_properties(b)?;
                 required_ok.then(|| map.keys().filter(|k| props.contains_key(*k)).count())
             }
@@ -270,7 +287,10 @@ mod tests {
         let c = contract(true, false);
         let s = Schemas::compile(&c).unwrap();
         let err = s
-            .params(json!({"n": 1, "zzz": 2, "inner": {"q": "x", "r": 1}, "lst": [{"a": 1, "q": 2}]}), true)
+            .params(
+                json!({"n": 1, "zzz": 2, "inner": {"q": "x", "r": 1}, "lst": [{"a": 1, "q": 2}]}),
+                true,
+            )
             .unwrap_err();
         assert!(err.starts_with("invalid params: "), "{err}");
         for part in [
@@ -283,7 +303,10 @@ mod tests {
         let err = s.params(json!({}), true).unwrap_err();
         assert_eq!(err, "invalid params: params.n: Field required");
         let err = s.params(json!({"n": -1}), true).unwrap_err();
-        assert!(err.contains("params.n: -1 is less than the minimum of 0"), "{err}");
+        assert!(
+            err.contains("params.n: -1 is less than the minimum of 0"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -313,6 +336,10 @@ mod tests {
             s.result(&json!({"total": 3, "extra": 1})).unwrap_err(),
             "invalid result: result.extra: Extra inputs are not permitted"
         );
-        assert!(s.result(&json!({"total": "3"})).unwrap_err().contains("result.total"));
+        assert!(
+            s.result(&json!({"total": "3"}))
+                .unwrap_err()
+                .contains("result.total")
+        );
     }
 }

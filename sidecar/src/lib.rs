@@ -1,15 +1,15 @@
 //! The Perago executor sidecar: it polls Conductor for one task type, runs each attempt in
 //! the task-body container through `perago-runner`, and reports the result.
 
+pub mod app;
 pub mod attempt;
+pub mod broker;
 pub mod conductor;
+pub mod config;
+pub mod execution;
+pub mod http;
 pub mod input;
 pub mod outcome;
 pub mod protocol;
 pub mod runner;
 pub mod telemetry;
-pub mod app;
-pub mod broker;
-pub mod config;
-pub mod execution;
-pub mod http;

@@ -10,7 +10,11 @@ use perago_sidecar::config::Settings;
 use perago_sidecar::telemetry;
 
 #[derive(Parser)]
-#[command(name = "perago-sidecar", version, about = "Polls Conductor, runs attempts through perago-runner and reports them")]
+#[command(
+    name = "perago-sidecar",
+    version,
+    about = "Polls Conductor, runs attempts through perago-runner and reports them"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Mode>,
@@ -50,7 +54,9 @@ fn main() -> ExitCode {
                 let stop = app::stop_on_signals()?;
                 app::run(&cli.settings, stop).await
             }
-            Some(Mode::Local { runner, command }) => app::run_local(&cli.settings, runner, command).await,
+            Some(Mode::Local { runner, command }) => {
+                app::run_local(&cli.settings, runner, command).await
+            }
         }
     });
     match result {

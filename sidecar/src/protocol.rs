@@ -46,7 +46,11 @@ pub enum RunnerMessage {
 #[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
 pub enum SidecarMessage {
     #[serde(rename_all = "camelCase")]
-    Welcome { protocol: u32, generation: u64, slots: u32 },
+    Welcome {
+        protocol: u32,
+        generation: u64,
+        slots: u32,
+    },
     /// Run the command once with `env` added to the runner's own environment.
     #[serde(rename_all = "camelCase")]
     Assign {
@@ -124,7 +128,10 @@ mod tests {
     fn unknown_messages_and_fields_are_refused() {
         assert!(serde_json::from_str::<RunnerMessage>(r#"{"type":"bogus"}"#).is_err());
         assert!(
-            serde_json::from_str::<RunnerMessage>(r#"{"type":"hello","protocol":1,"pid":1,"extra":1}"#).is_err()
+            serde_json::from_str::<RunnerMessage>(
+                r#"{"type":"hello","protocol":1,"pid":1,"extra":1}"#
+            )
+            .is_err()
         );
     }
 }

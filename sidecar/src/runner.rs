@@ -24,12 +24,22 @@ use crate::telemetry::Metrics;
 /// How an execution's process ended, as the runner reported it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProcessEnd {
-    Exited { code: i32 },
-    Signalled { signal: i32 },
-    NotStarted { error: String },
+    Exited {
+        code: i32,
+    },
+    Signalled {
+        signal: i32,
+    },
+    NotStarted {
+        error: String,
+    },
     /// The runner generation that ran it disconnected first.
     RunnerLost,
 }
+
+/// The lease's runner generation is no longer connected.
+#[derive(Debug, PartialEq, Eq)]
+pub struct GenerationGone;
 
 /// A leased slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +88,9 @@ impl RunnerHub {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the table half-updated in a way that
         // matters more than stopping; keep serving.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn bump(&self, state: &State) {
@@ -137,12 +149,12 @@ impl RunnerHub {
         lease: Lease,
         execution_id: &str,
         env: BTreeMap<String, String>,
-    ) -> Result<oneshot::Receiver<ProcessEnd>, ()> {
+    ) -> Result<oneshot::Receiver<ProcessEnd>, GenerationGone> {
         let mut state = self.lock();
         if state.generation != lease.generation {
-            return Err(());
+            return Err(GenerationGone);
         }
-        let sender = state.sender.clone().ok_or(())?;
+        let sender = state.sender.clone().ok_or(GenerationGone)?;
         let (tx, rx) = oneshot::channel();
         state.waiting.insert(
             execution_id.to_owned(),
@@ -158,7 +170,7 @@ impl RunnerHub {
         };
         if sender.send(message).is_err() {
             state.waiting.remove(execution_id);
-            return Err(());
+            return Err(GenerationGone);
         }
         Ok(rx)
     }
@@ -179,7 +191,10 @@ impl RunnerHub {
         let mut state = self.lock();
         if state.generation != 0 {
             let old = state.generation;
-            warn!(generation = old, "a new runner connected while another was connected; the old one is dropped");
+            warn!(
+                generation = old,
+                "a new runner connected while another was connected; the old one is dropped"
+            );
             Self::lose(&mut state, old);
         }
         state.last_generation += 1;
@@ -242,7 +257,8 @@ impl RunnerHub {
                 self.metrics.rejected_completions.inc();
                 warn!(
                     execution_id,
-                    generation, "rejected a completion for an execution this runner generation is not running"
+                    generation,
+                    "rejected a completion for an execution this runner generation is not running"
                 );
             }
         }
@@ -269,9 +285,17 @@ impl RunnerHub {
         let mut reader = BufReader::new(read);
         let hello = tokio::time::timeout(Duration::from_secs(10), read_message(&mut reader)).await;
         let pid = match hello {
-            Ok(Ok(Some(RunnerMessage::Hello { protocol, pid }))) if protocol == PROTOCOL_VERSION => pid,
+            Ok(Ok(Some(RunnerMessage::Hello { protocol, pid })))
+                if protocol == PROTOCOL_VERSION =>
+            {
+                pid
+            }
             Ok(Ok(Some(RunnerMessage::Hello { protocol, .. }))) => {
-                error!(protocol, expected = PROTOCOL_VERSION, "refused a runner speaking another protocol version");
+                error!(
+                    protocol,
+                    expected = PROTOCOL_VERSION,
+                    "refused a runner speaking another protocol version"
+                );
                 return;
             }
             other => {
@@ -288,12 +312,16 @@ impl RunnerHub {
             slots,
         };
         let writer = tokio::spawn(async move {
-            let mut next = Some(welcome);
-            while let Some(message) = next.take().or(rx.recv().await) {
+            let mut message = welcome;
+            loop {
                 let mut line = serde_json::to_vec(&message).unwrap_or_default();
                 line.push(b'\n');
                 if write.write_all(&line).await.is_err() {
                     break;
+                }
+                match rx.recv().await {
+                    Some(next) => message = next,
+                    None => break,
                 }
             }
         });
@@ -316,7 +344,10 @@ impl RunnerHub {
                     self.complete(generation, &execution_id, end);
                 }
                 Ok(Some(RunnerMessage::Draining)) => {
-                    info!(generation, "runner is draining; no more assignments go to it");
+                    info!(
+                        generation,
+                        "runner is draining; no more assignments go to it"
+                    );
                     self.drain(generation);
                 }
                 Ok(Some(RunnerMessage::Hello { .. })) => {
@@ -343,17 +374,27 @@ async fn read_message<R: tokio::io::AsyncRead + Unpin>(
 ) -> std::io::Result<Option<RunnerMessage>> {
     let mut line = Vec::new();
     let limit = u64::try_from(MAX_LINE_BYTES + 1).unwrap_or(u64::MAX);
-    let n = (&mut *reader).take(limit).read_until(b'\n', &mut line).await?;
+    let n = (&mut *reader)
+        .take(limit)
+        .read_until(b'\n', &mut line)
+        .await?;
     if n == 0 {
         return Ok(None);
     }
     if line.last() != Some(&b'\n') {
-        let reason = if line.len() > MAX_LINE_BYTES { "message too long" } else { "connection closed mid-message" };
+        let reason = if line.len() > MAX_LINE_BYTES {
+            "message too long"
+        } else {
+            "connection closed mid-message"
+        };
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, reason));
     }
-    serde_json::from_slice(&line)
-        .map(Some)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("invalid message: {e}")))
+    serde_json::from_slice(&line).map(Some).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("invalid message: {e}"),
+        )
+    })
 }
 
 /// Bind the socket, replacing a stale one left by an earlier sidecar.
@@ -396,10 +437,19 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let (g1, _) = hub.connect(tx);
         let lease = hub.lease("e1").unwrap();
-        assert_eq!(lease, Lease { slot: 1, generation: g1 });
+        assert_eq!(
+            lease,
+            Lease {
+                slot: 1,
+                generation: g1
+            }
+        );
         assert!(hub.lease("e2").is_none(), "one slot, one execution");
         let done = hub.assign(lease, "e1", BTreeMap::new()).unwrap();
-        assert!(matches!(rx.recv().await, Some(SidecarMessage::Assign { slot: 1, .. })));
+        assert!(matches!(
+            rx.recv().await,
+            Some(SidecarMessage::Assign { slot: 1, .. })
+        ));
         hub.disconnect(g1);
         assert_eq!(done.await.unwrap(), ProcessEnd::RunnerLost);
         // A late completion from the dead generation is rejected.
@@ -408,12 +458,19 @@ mod tests {
         let (tx2, _rx2) = mpsc::unbounded_channel();
         let (g2, _) = hub.connect(tx2);
         assert!(g2 > g1);
-        assert_eq!(hub.free_slots(), 0, "still busy until the dispatch releases it");
+        assert_eq!(
+            hub.free_slots(),
+            0,
+            "still busy until the dispatch releases it"
+        );
         hub.release(lease, "e1");
         assert_eq!(hub.free_slots(), 1);
         let again = hub.lease("e3").unwrap();
         assert_eq!(again.generation, g2);
-        assert!(hub.assign(lease, "e4", BTreeMap::new()).is_err(), "old generation is refused");
+        assert!(
+            hub.assign(lease, "e4", BTreeMap::new()).is_err(),
+            "old generation is refused"
+        );
     }
 
     #[tokio::test]

@@ -100,22 +100,36 @@ struct Sample {
 /// Prometheus names allow `[a-zA-Z0-9_:]`; declared names may also use `.` and `-`.
 fn prometheus_name(prefix: &str, name: &str) -> String {
     let mut out = String::from(prefix);
-    out.extend(
-        name.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }),
-    );
+    out.extend(name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            c
+        } else {
+            '_'
+        }
+    }));
     out
 }
 
 type RegisterResult<T> = Result<T, prometheus::Error>;
 
-fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>, labels: &[&str]) -> RegisterResult<HistogramVec> {
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> RegisterResult<HistogramVec> {
     let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)?;
     registry.register(Box::new(h.clone()))?;
     Ok(h)
 }
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> RegisterResult<IntCounterVec> {
+fn counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> RegisterResult<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;
     registry.register(Box::new(c.clone()))?;
     Ok(c)
@@ -134,23 +148,54 @@ fn gauge1(registry: &Registry, name: &str, help: &str) -> RegisterResult<IntGaug
 }
 
 impl Metrics {
-    pub fn new(task_name: &str, spec: Option<&MetricSpec>, instance_id: &str) -> RegisterResult<Self> {
+    pub fn new(
+        task_name: &str,
+        spec: Option<&MetricSpec>,
+        instance_id: &str,
+    ) -> RegisterResult<Self> {
         let registry = Registry::new();
         let r = &registry;
         let on = |pick: fn(&MetricSpec) -> bool| spec.is_some_and(pick);
         let runtime = RuntimeMetrics {
             attempt_seconds: on(|s| s.attempts)
-                .then(|| histogram(r, "runtime_task_attempt_duration_seconds", "Seconds around one whole attempt, reporting excluded.", DURATION_BUCKETS.to_vec(), &["task_name"]))
+                .then(|| {
+                    histogram(
+                        r,
+                        "runtime_task_attempt_duration_seconds",
+                        "Seconds around one whole attempt, reporting excluded.",
+                        DURATION_BUCKETS.to_vec(),
+                        &["task_name"],
+                    )
+                })
                 .transpose()?,
             io_seconds: on(|s| s.workspace_io)
-                .then(|| histogram(r, "runtime_workspace_io_duration_seconds", "Seconds of workspace download, upload and publish.", DURATION_BUCKETS.to_vec(), &["task_name", "operation"]))
+                .then(|| {
+                    histogram(
+                        r,
+                        "runtime_workspace_io_duration_seconds",
+                        "Seconds of workspace download, upload and publish.",
+                        DURATION_BUCKETS.to_vec(),
+                        &["task_name", "operation"],
+                    )
+                })
                 .transpose()?,
             io_bytes: on(|s| s.workspace_io)
-                .then(|| histogram(r, "runtime_workspace_io_bytes", "Bytes of the workspace downloaded or staged.", bytes_buckets(), &["task_name", "operation"]))
+                .then(|| {
+                    histogram(
+                        r,
+                        "runtime_workspace_io_bytes",
+                        "Bytes of the workspace downloaded or staged.",
+                        bytes_buckets(),
+                        &["task_name", "operation"],
+                    )
+                })
                 .transpose()?,
             busy_slots: on(|s| s.worker_capacity)
                 .then(|| -> RegisterResult<GaugeVec> {
-                    let g = GaugeVec::new(Opts::new("runtime_busy_slots", "Body slots running an attempt."), &["task_name", "perago_instance_id"])?;
+                    let g = GaugeVec::new(
+                        Opts::new("runtime_busy_slots", "Body slots running an attempt."),
+                        &["task_name", "perago_instance_id"],
+                    )?;
                     r.register(Box::new(g.clone()))?;
                     Ok(g)
                 })
@@ -161,8 +206,17 @@ impl Metrics {
         for declared in spec.map(|s| s.application.as_slice()).unwrap_or_default() {
             let name = prometheus_name("app_", &declared.name);
             let mut labels: Vec<&str> = vec!["task_name"];
-            labels.extend(declared.labels.iter().map(String::as_str).filter(|l| !RESERVED_METRIC_LABELS.contains(l)));
-            let help = declared.description.clone().unwrap_or_else(|| format!("Application metric {}.", declared.name));
+            labels.extend(
+                declared
+                    .labels
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|l| !RESERVED_METRIC_LABELS.contains(l)),
+            );
+            let help = declared
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("Application metric {}.", declared.name));
             let family = match declared.kind {
                 ApplicationMetricKind::Gauge => {
                     let g = GaugeVec::new(Opts::new(name, help), &labels)?;
@@ -170,7 +224,13 @@ impl Metrics {
                     AppFamily::Gauge(g)
                 }
                 ApplicationMetricKind::Histogram | ApplicationMetricKind::Timer => {
-                    AppFamily::Histogram(histogram(r, &name, &help, DURATION_BUCKETS.to_vec(), &labels)?)
+                    AppFamily::Histogram(histogram(
+                        r,
+                        &name,
+                        &help,
+                        DURATION_BUCKETS.to_vec(),
+                        &labels,
+                    )?)
                 }
             };
             application.insert(
@@ -183,17 +243,63 @@ impl Metrics {
             );
         }
         Ok(Self {
-            polls: counter(r, "perago_sidecar_polls_total", "Conductor batch polls by outcome (tasks, empty, error).", &["outcome"])?,
-            polled_tasks: counter1(r, "perago_sidecar_polled_tasks_total", "Tasks received from Conductor.")?,
-            attempts: counter(r, "perago_sidecar_attempts_total", "Finished attempts by reported status.", &["status"])?,
-            phase_seconds: histogram(r, "perago_sidecar_phase_duration_seconds", "Seconds spent per attempt phase.", DURATION_BUCKETS.to_vec(), &["phase"])?,
+            polls: counter(
+                r,
+                "perago_sidecar_polls_total",
+                "Conductor batch polls by outcome (tasks, empty, error).",
+                &["outcome"],
+            )?,
+            polled_tasks: counter1(
+                r,
+                "perago_sidecar_polled_tasks_total",
+                "Tasks received from Conductor.",
+            )?,
+            attempts: counter(
+                r,
+                "perago_sidecar_attempts_total",
+                "Finished attempts by reported status.",
+                &["status"],
+            )?,
+            phase_seconds: histogram(
+                r,
+                "perago_sidecar_phase_duration_seconds",
+                "Seconds spent per attempt phase.",
+                DURATION_BUCKETS.to_vec(),
+                &["phase"],
+            )?,
             slots: gauge1(r, "perago_sidecar_slots", "Body slots of this pod.")?,
-            slots_busy: gauge1(r, "perago_sidecar_slots_busy", "Body slots running an attempt.")?,
-            runner_connected: gauge1(r, "perago_sidecar_runner_connected", "1 while a perago-runner is connected.")?,
-            conductor_errors: counter(r, "perago_sidecar_conductor_errors_total", "Failed Conductor calls by call.", &["call"])?,
-            rejected_completions: counter1(r, "perago_sidecar_rejected_completions_total", "Runner completions for unknown or stale executions.")?,
-            results_lost: counter1(r, "perago_sidecar_results_lost_total", "Results that could not be delivered to Conductor.")?,
-            lease_extensions: counter(r, "perago_sidecar_lease_extensions_total", "Lease extensions by outcome (ok, error).", &["outcome"])?,
+            slots_busy: gauge1(
+                r,
+                "perago_sidecar_slots_busy",
+                "Body slots running an attempt.",
+            )?,
+            runner_connected: gauge1(
+                r,
+                "perago_sidecar_runner_connected",
+                "1 while a perago-runner is connected.",
+            )?,
+            conductor_errors: counter(
+                r,
+                "perago_sidecar_conductor_errors_total",
+                "Failed Conductor calls by call.",
+                &["call"],
+            )?,
+            rejected_completions: counter1(
+                r,
+                "perago_sidecar_rejected_completions_total",
+                "Runner completions for unknown or stale executions.",
+            )?,
+            results_lost: counter1(
+                r,
+                "perago_sidecar_results_lost_total",
+                "Results that could not be delivered to Conductor.",
+            )?,
+            lease_extensions: counter(
+                r,
+                "perago_sidecar_lease_extensions_total",
+                "Lease extensions by outcome (ok, error).",
+                &["outcome"],
+            )?,
             runtime,
             application,
             task_name: task_name.to_owned(),
@@ -209,17 +315,20 @@ impl Metrics {
 
     pub fn record_attempt_seconds(&self, seconds: f64) {
         if let Some(h) = &self.runtime.attempt_seconds {
-            h.with_label_values(&[self.task_name.as_str()]).observe(seconds);
+            h.with_label_values(&[self.task_name.as_str()])
+                .observe(seconds);
         }
     }
 
     pub fn record_workspace_io(&self, operation: &str, seconds: f64, bytes: Option<u64>) {
         if let Some(h) = &self.runtime.io_seconds {
-            h.with_label_values(&[self.task_name.as_str(), operation]).observe(seconds);
+            h.with_label_values(&[self.task_name.as_str(), operation])
+                .observe(seconds);
         }
         if let (Some(h), Some(bytes)) = (&self.runtime.io_bytes, bytes) {
             #[allow(clippy::cast_precision_loss)]
-            h.with_label_values(&[self.task_name.as_str(), operation]).observe(bytes as f64);
+            h.with_label_values(&[self.task_name.as_str(), operation])
+                .observe(bytes as f64);
         }
     }
 
@@ -228,7 +337,8 @@ impl Metrics {
         self.slots_busy.set(busy);
         if let Some(g) = &self.runtime.busy_slots {
             #[allow(clippy::cast_precision_loss)]
-            g.with_label_values(&[self.task_name.as_str(), self.runtime.instance_id.as_str()]).set(busy as f64);
+            g.with_label_values(&[self.task_name.as_str(), self.runtime.instance_id.as_str()])
+                .set(busy as f64);
         }
     }
 
@@ -236,7 +346,11 @@ impl Metrics {
     /// declared is refused with a warning; returns how many samples were recorded.
     pub fn record_application(&self, text: &str) -> usize {
         let mut recorded = 0;
-        for (number, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (number, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let sample: Sample = match serde_json::from_str(line) {
                 Ok(s) => s,
                 Err(e) => {
@@ -257,26 +371,37 @@ impl Metrics {
             warn!(metric_name = %full_name, "ignored application metric the task does not declare");
             return false;
         };
-        let kind_ok = match (metric.kind, sample.kind.as_str()) {
-            (ApplicationMetricKind::Gauge, "gauge") | (ApplicationMetricKind::Histogram, "histogram") => true,
-            (ApplicationMetricKind::Timer, "timer" | "histogram") => true,
-            _ => false,
-        };
+        let kind_ok = matches!(
+            (metric.kind, sample.kind.as_str()),
+            (ApplicationMetricKind::Gauge, "gauge")
+                | (ApplicationMetricKind::Histogram, "histogram")
+                | (ApplicationMetricKind::Timer, "timer" | "histogram")
+        );
         if !kind_ok || !sample.value.is_finite() {
             warn!(metric_name = %full_name, kind = %sample.kind, value = sample.value, "ignored application metric sample of the wrong kind or with a non-finite value");
             return false;
         }
         let mut values: Vec<String> = vec![String::new(); metric.labels.len()];
         for (key, value) in &sample.labels {
-            let text = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+            let text = value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_owned);
             if RESERVED_METRIC_LABELS.contains(&key.as_str()) {
-                let perago_value = if key == "task_name" { self.task_name.as_str() } else { "<reserved>" };
-                warn!("metric_name={full_name} label_key={key} perago_label_value={perago_value} ignored_user_label_value={text}");
+                let perago_value = if key == "task_name" {
+                    self.task_name.as_str()
+                } else {
+                    "<reserved>"
+                };
+                warn!(
+                    "metric_name={full_name} label_key={key} perago_label_value={perago_value} ignored_user_label_value={text}"
+                );
                 continue;
             }
             match metric.labels.iter().position(|l| l == key) {
                 Some(i) => values[i] = text,
-                None => warn!(metric_name = %full_name, label_key = %key, "ignored application metric label the task does not declare"),
+                None => {
+                    warn!(metric_name = %full_name, label_key = %key, "ignored application metric label the task does not declare")
+                }
             }
         }
         let mut all: Vec<&str> = vec![self.task_name.as_str()];
@@ -297,9 +422,24 @@ mod tests {
     fn spec() -> MetricSpec {
         MetricSpec {
             application: vec![
-                ApplicationMetric { name: "items".into(), kind: ApplicationMetricKind::Histogram, labels: vec![], description: None },
-                ApplicationMetric { name: "compute_seconds".into(), kind: ApplicationMetricKind::Timer, labels: vec!["stage".into()], description: None },
-                ApplicationMetric { name: "last.total".into(), kind: ApplicationMetricKind::Gauge, labels: vec![], description: None },
+                ApplicationMetric {
+                    name: "items".into(),
+                    kind: ApplicationMetricKind::Histogram,
+                    labels: vec![],
+                    description: None,
+                },
+                ApplicationMetric {
+                    name: "compute_seconds".into(),
+                    kind: ApplicationMetricKind::Timer,
+                    labels: vec!["stage".into()],
+                    description: None,
+                },
+                ApplicationMetric {
+                    name: "last.total".into(),
+                    kind: ApplicationMetricKind::Gauge,
+                    labels: vec![],
+                    description: None,
+                },
             ],
             ..MetricSpec::default()
         }
@@ -319,21 +459,38 @@ mod tests {
         .join("\n");
         assert_eq!(m.record_application(&text), 3);
         let out = m.render();
-        assert!(out.contains(r#"app_items_count{task_name="demo.count"} 1"#), "{out}");
-        assert!(out.contains(r#"app_compute_seconds_sum{stage="sum",task_name="demo.count"} 0.25"#), "{out}");
-        assert!(out.contains(r#"app_last_total{task_name="demo.count"} 6"#), "{out}");
+        assert!(
+            out.contains(r#"app_items_count{task_name="demo.count"} 1"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"app_compute_seconds_sum{stage="sum",task_name="demo.count"} 0.25"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"app_last_total{task_name="demo.count"} 6"#),
+            "{out}"
+        );
         assert!(!out.contains("undeclared"));
     }
 
     #[test]
     fn runtime_families_follow_the_switches() {
-        let off = MetricSpec { attempts: false, workspace_io: false, worker_capacity: true, application: vec![] };
+        let off = MetricSpec {
+            attempts: false,
+            workspace_io: false,
+            worker_capacity: true,
+            application: vec![],
+        };
         let m = Metrics::new("t", Some(&off), "pod-a").unwrap();
         m.record_attempt_seconds(1.0);
         m.set_busy(2);
         let out = m.render();
         assert!(!out.contains("runtime_task_attempt_duration_seconds"));
-        assert!(out.contains(r#"runtime_busy_slots{perago_instance_id="pod-a",task_name="t"} 2"#), "{out}");
+        assert!(
+            out.contains(r#"runtime_busy_slots{perago_instance_id="pod-a",task_name="t"} 2"#),
+            "{out}"
+        );
         let none = Metrics::new("t", None, "pod-a").unwrap();
         none.set_busy(1);
         assert!(!none.render().contains("runtime_busy_slots"));

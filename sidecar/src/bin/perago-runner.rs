@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use perago_sidecar::protocol::{MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SOCKET_NAME, SidecarMessage};
+use perago_sidecar::protocol::{
+    MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SOCKET_NAME, SidecarMessage,
+};
 
 struct Args {
     socket: PathBuf,
@@ -42,10 +44,18 @@ fn parse_args() -> Result<Args, String> {
         match arg.to_str() {
             Some("--socket") => socket = Some(args.next().ok_or(USAGE)?.into()),
             Some("--") => {
-                command = args.by_ref().map(|a| a.to_string_lossy().into_owned()).collect();
+                command = args
+                    .by_ref()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
             }
             Some("-h" | "--help") => return Err(USAGE.into()),
-            _ => return Err(format!("unexpected argument {}\n{USAGE}", arg.to_string_lossy())),
+            _ => {
+                return Err(format!(
+                    "unexpected argument {}\n{USAGE}",
+                    arg.to_string_lossy()
+                ));
+            }
         }
     }
     if command.is_empty() {
@@ -71,7 +81,9 @@ type Writer = Arc<Mutex<UnixStream>>;
 fn send(writer: &Writer, message: &RunnerMessage) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
     line.push(b'\n');
-    let mut stream = writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut stream = writer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     stream.write_all(&line)
 }
 
@@ -84,10 +96,13 @@ enum Event {
 /// Runs one connection; returns when it ends.
 fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::Result<bool> {
     let writer: Writer = Arc::new(Mutex::new(stream.try_clone()?));
-    send(&writer, &RunnerMessage::Hello {
-        protocol: PROTOCOL_VERSION,
-        pid: std::process::id(),
-    })?;
+    send(
+        &writer,
+        &RunnerMessage::Hello {
+            protocol: PROTOCOL_VERSION,
+            pid: std::process::id(),
+        },
+    )?;
     let (tx, rx) = mpsc::channel::<Event>();
     let reader_tx = tx.clone();
     thread::spawn(move || {
@@ -97,7 +112,8 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
             let limit = u64::try_from(MAX_LINE_BYTES + 1).unwrap_or(u64::MAX);
             match (&mut reader).take(limit).read_until(b'\n', &mut line) {
                 Ok(0) => {
-                    let _ = reader_tx.send(Event::Closed("the sidecar closed the connection".into()));
+                    let _ =
+                        reader_tx.send(Event::Closed("the sidecar closed the connection".into()));
                     return;
                 }
                 Ok(_) if line.last() != Some(&b'\n') => {
@@ -139,10 +155,18 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
             Err(RecvTimeoutError::Disconnected) => return Ok(false),
         };
         match event {
-            Event::Message(SidecarMessage::Welcome { generation, slots, protocol }) => {
-                log(&format!("connected: generation {generation}, {slots} slot(s), protocol {protocol}"));
+            Event::Message(SidecarMessage::Welcome {
+                generation,
+                slots,
+                protocol,
+            }) => {
+                log(&format!(
+                    "connected: generation {generation}, {slots} slot(s), protocol {protocol}"
+                ));
             }
-            Event::Message(SidecarMessage::Assign { execution_id, env, .. }) => {
+            Event::Message(SidecarMessage::Assign {
+                execution_id, env, ..
+            }) => {
                 let spawned = Command::new(&args.command[0])
                     .args(&args.command[1..])
                     .envs(&env)
@@ -150,12 +174,15 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                     .spawn();
                 match spawned {
                     Err(e) => {
-                        let _ = send(&writer, &RunnerMessage::Exited {
-                            execution_id,
-                            code: None,
-                            signal: None,
-                            error: Some(format!("{}: {e}", args.command[0])),
-                        });
+                        let _ = send(
+                            &writer,
+                            &RunnerMessage::Exited {
+                                execution_id,
+                                code: None,
+                                signal: None,
+                                error: Some(format!("{}: {e}", args.command[0])),
+                            },
+                        );
                     }
                     Ok(mut child) => {
                         let pid = i32::try_from(child.id()).unwrap_or(0);
@@ -187,7 +214,9 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
             }
             Event::Message(SidecarMessage::Cancel { execution_id }) => {
                 if let Some(pid) = running.get(&execution_id) {
-                    log(&format!("killing execution {execution_id} on the sidecar's request"));
+                    log(&format!(
+                        "killing execution {execution_id} on the sidecar's request"
+                    ));
                     let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
                 }
             }
@@ -196,7 +225,10 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
             }
             Event::Closed(why) => {
                 if !running.is_empty() {
-                    log(&format!("{why}; killing {} running execution(s) whose results cannot be reported", running.len()));
+                    log(&format!(
+                        "{why}; killing {} running execution(s) whose results cannot be reported",
+                        running.len()
+                    ));
                     for pid in running.values() {
                         let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
                     }
@@ -241,7 +273,10 @@ fn main() -> ExitCode {
             Err(e) => {
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if since.elapsed() < Duration::from_millis(300) {
-                    log(&format!("waiting for the sidecar at {}: {e}", args.socket.display()));
+                    log(&format!(
+                        "waiting for the sidecar at {}: {e}",
+                        args.socket.display()
+                    ));
                 }
             }
         }

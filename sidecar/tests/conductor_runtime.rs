@@ -1,0 +1,653 @@
+//! The sidecar runtime against the real Conductor server: each test declares a PeragoTask,
+//! registers the TaskDef the operator would render, runs the pod locally (`perago-sidecar
+//! local`: the sidecar plus `perago-runner` as a second process sharing the work directory),
+//! starts a workflow and asserts the final Conductor state, reasons included.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use perago_api::{contract, manifest, taskdef};
+use perago_e2e::process::free_port;
+use perago_e2e::{Selection, shared};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+const TERMINAL: [&str; 4] = ["COMPLETED", "FAILED", "TERMINATED", "TIMED_OUT"];
+
+struct Conductor {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Conductor {
+    async fn new() -> Self {
+        let services = shared(Selection {
+            conductor: true,
+            ..Selection::default()
+        })
+        .await;
+        Self {
+            base: services.conductor().api_url.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header("Accept", "*/*");
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert!(status.is_success(), "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+
+    /// Register a one-step workflow whose step gets `task_input` verbatim, and start it.
+    async fn start(&self, task: &str, case: &str, task_input: Value) -> String {
+        let name = format!("{task}.{case}");
+        let wf = json!({
+            "name": name, "version": 1, "schemaVersion": 2, "ownerEmail": "e2e@example.com",
+            "tasks": [{"name": task, "taskReferenceName": "step", "type": "SIMPLE",
+                       "inputParameters": task_input}],
+        });
+        self.call(
+            reqwest::Method::PUT,
+            "/metadata/workflow",
+            Some(&json!([wf])),
+        )
+        .await;
+        let id = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/workflow/{name}"),
+                Some(&json!({})),
+            )
+            .await;
+        id.as_str().unwrap().to_owned()
+    }
+
+    async fn workflow(&self, id: &str) -> Value {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/workflow/{id}?includeTasks=true"),
+            None,
+        )
+        .await
+    }
+
+    async fn finished(&self, id: &str) -> Value {
+        let started = Instant::now();
+        loop {
+            let wf = self.workflow(id).await;
+            if TERMINAL.contains(&wf["status"].as_str().unwrap_or("")) {
+                return wf;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "workflow {id} did not finish: {wf}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Let the decider evaluate timeouts now rather than at its next sweep.
+    async fn decide(&self, id: &str) {
+        self.call(
+            reqwest::Method::PUT,
+            &format!("/workflow/decide/{id}"),
+            None,
+        )
+        .await;
+    }
+}
+
+/// A task declared as a PeragoTask manifest, its TaskDef registered.
+async fn declare(conductor: &Conductor, name: &str, extra_spec: &str) -> contract::TaskContract {
+    let yaml = format!(
+        r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {{name: t}}
+spec:
+  taskName: {name}
+  ownerEmail: e2e@example.com
+  paramsSchema:
+    type: object
+    properties:
+      n: {{type: integer}}
+      mode: {{type: string}}
+      inner: {{type: object, properties: {{q: {{type: string}}}}}}
+    required: [n]
+  resultSchema:
+    type: object
+    properties:
+      total: {{type: integer}}
+      seen: {{type: object, additionalProperties: true}}
+    required: [total]
+  executor: {{body: {{image: body, command: [sh]}}}}
+{extra_spec}"#
+    );
+    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
+    perago_api::validate(&spec).unwrap();
+    let def = taskdef::render(&spec).unwrap();
+    conductor
+        .call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([def])),
+        )
+        .await;
+    contract::render(&spec).unwrap()
+}
+
+const DEFAULT_CONTROLS: &str =
+    "  controls: {retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}\n";
+
+struct Pod {
+    child: Child,
+    dir: tempfile::TempDir,
+    http: u16,
+}
+
+impl Pod {
+    /// Start `perago-sidecar local -- sh body.sh` with `body` as the script.
+    async fn start(
+        conductor: &Conductor,
+        contract: &contract::TaskContract,
+        body: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("perago-pod-")
+            .tempdir()
+            .unwrap();
+        let contract_path = dir.path().join("contract.json");
+        std::fs::write(&contract_path, serde_json::to_vec(contract).unwrap()).unwrap();
+        std::fs::write(dir.path().join("body.sh"), body).unwrap();
+        let http = free_port().unwrap();
+        let log = std::fs::File::create(dir.path().join("pod.log")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_perago-sidecar"));
+        command
+            .arg("local")
+            .arg("--runner")
+            .arg(env!("CARGO_BIN_EXE_perago-runner"))
+            .env("PERAGO_TASK_CONTRACT", &contract_path)
+            .env("PERAGO_WORK_DIR", dir.path().join("work"))
+            .env("CONDUCTOR_SERVER_URL", &conductor.base)
+            .env("PERAGO_HTTP_ADDR", format!("127.0.0.1:{http}"))
+            .env("POD_NAME", "pod-under-test")
+            .env("PERAGO_WORKER_ID_PREFIX", "e2e")
+            .env("PERAGO_LOG", "info")
+            .env("T", dir.path())
+            .envs(env.iter().copied())
+            .args(["--", "sh"])
+            .arg(dir.path().join("body.sh"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = command.spawn().unwrap();
+        let pod = Self { child, dir, http };
+        pod.wait_ready().await;
+        pod
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("pod.log")).unwrap_or_default()
+    }
+
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let resp = reqwest::get(format!("http://127.0.0.1:{}{path}", self.http))
+            .await
+            .ok()?;
+        Some((resp.status().as_u16(), resp.text().await.ok()?))
+    }
+
+    async fn wait_ready(&self) {
+        let started = Instant::now();
+        while self.get("/readyz").await.map(|r| r.0) != Some(200) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "pod not ready:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn metrics(&self) -> String {
+        self.get("/metrics").await.unwrap().1
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id().unwrap()).unwrap()
+    }
+}
+
+/// Wait for a file the body writes (its pid, say) and return its trimmed content.
+async fn wait_file(path: &Path) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim().to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn kill(pid: &str, signal: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+    nix::sys::signal::kill(pid, signal).unwrap();
+}
+
+fn only_task(wf: &Value) -> &Value {
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "expected exactly one attempt: {wf}");
+    &tasks[0]
+}
+
+/// Reads `n` with Python (present wherever the tests run) and doubles it.
+const DOUBLE: &str = r#"
+python3 - <<'EOF'
+import json, os
+p = json.load(open(os.environ["PERAGO_PARAMS"]))
+json.dump({"total": p["n"] * 2, "seen": p}, open(os.environ["PERAGO_RESULT"], "w"))
+with open(os.environ["PERAGO_METRICS"], "a") as m:
+    m.write(json.dumps({"kind": "histogram", "name": "items", "value": p["n"]}) + "\n")
+    m.write(json.dumps({"kind": "gauge", "name": "undeclared", "value": 1}) + "\n")
+EOF
+"#;
+
+#[tokio::test]
+async fn success_reports_exactly_the_result_and_exports_metrics() {
+    let c = Conductor::new().await;
+    let task = "rt.success";
+    let controls = format!(
+        "{DEFAULT_CONTROLS}  metrics: {{application: [{{name: items, kind: histogram}}]}}\n"
+    );
+    let contract = declare(&c, task, &controls).await;
+    let pod = Pod::start(&c, &contract, DOUBLE, &[]).await;
+    let wf = c.start(task, "ok", json!({"params": {"n": 21}})).await;
+    let wf = c.finished(&wf).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "COMPLETED");
+    assert_eq!(
+        t["outputData"],
+        json!({"result": {"total": 42, "seen": {"n": 21}}})
+    );
+    assert!(t.get("reasonForIncompletion").is_none(), "{t}");
+    let worker = t["workerId"].as_str().unwrap();
+    assert!(worker.starts_with("e2e-pod-under-test-"), "{worker}");
+    let metrics = pod.metrics().await;
+    for line in [
+        "perago_sidecar_attempts_total{status=\"COMPLETED\"} 1",
+        "app_items_sum{task_name=\"rt.success\"} 21",
+        "runtime_task_attempt_duration_seconds_count{task_name=\"rt.success\"} 1",
+        "runtime_busy_slots{perago_instance_id=\"pod-under-test\",task_name=\"rt.success\"} 0",
+    ] {
+        assert!(metrics.contains(line), "missing {line}:\n{metrics}");
+    }
+    assert!(!metrics.contains("undeclared"));
+    let log = pod.log();
+    assert!(
+        log.contains("ignored application metric the task does not declare"),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("\"attempt reported\"")
+            && l.contains("\"execution_id\"")
+            && l.contains("\"retry_count\":0")),
+        "attempt lines carry the attempt identity:\n{log}"
+    );
+    assert!(
+        std::fs::read_dir(pod.path("work/executions"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the execution directory is removed"
+    );
+}
+
+#[tokio::test]
+async fn body_failures_map_to_their_statuses_and_reasons() {
+    let c = Conductor::new().await;
+    let task = "rt.failures";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let body = r#"
+mode=$(python3 -c 'import json,os; print(json.load(open(os.environ["PERAGO_PARAMS"])).get("mode", ""))')
+case "$mode" in
+  exit3) echo "boom" >&2; exit 3 ;;
+  terminal) printf '{"reason": "input partition is missing", "terminal": true}' > "$PERAGO_ERROR"; exit 1 ;;
+  retryable) printf '{"reason": "upstream busy"}' > "$PERAGO_ERROR"; exit 0 ;;
+  badresult) printf '{"total": "x", "extra": 1}' > "$PERAGO_RESULT" ;;
+  noresult) exit 0 ;;
+esac
+"#;
+    let _pod = Pod::start(&c, &contract, body, &[]).await;
+    let cases = [
+        (
+            "exit3",
+            "FAILED",
+            "FAILED",
+            "task body exited with status 3".to_owned(),
+        ),
+        (
+            "terminal",
+            "FAILED_WITH_TERMINAL_ERROR",
+            "FAILED",
+            "input partition is missing".to_owned(),
+        ),
+        ("retryable", "FAILED", "FAILED", "upstream busy".to_owned()),
+        (
+            "noresult",
+            "FAILED",
+            "FAILED",
+            "task body exited with status 0 without writing a result to PERAGO_RESULT".to_owned(),
+        ),
+    ];
+    let mut started = Vec::new();
+    for (mode, ..) in &cases {
+        started.push(
+            c.start(task, mode, json!({"params": {"n": 1, "mode": mode}}))
+                .await,
+        );
+    }
+    for ((mode, task_status, wf_status, reason), id) in cases.iter().zip(&started) {
+        let wf = c.finished(id).await;
+        let t = only_task(&wf);
+        assert_eq!(
+            (wf["status"].as_str(), t["status"].as_str()),
+            (Some(*wf_status), Some(*task_status)),
+            "{mode}: {wf}"
+        );
+        assert_eq!(
+            t["reasonForIncompletion"].as_str(),
+            Some(reason.as_str()),
+            "{mode}"
+        );
+        assert!(
+            t["outputData"].as_object().is_none_or(|o| o.is_empty()),
+            "{mode}: failures carry no output: {t}"
+        );
+    }
+    let wf = c
+        .finished(
+            &c.start(
+                task,
+                "badresult",
+                json!({"params": {"n": 1, "mode": "badresult"}}),
+            )
+            .await,
+        )
+        .await;
+    let reason = only_task(&wf)["reasonForIncompletion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.starts_with("invalid result: "), "{reason}");
+    assert!(
+        reason.contains("result.extra: Extra inputs are not permitted"),
+        "{reason}"
+    );
+    assert!(reason.contains("result.total"), "{reason}");
+}
+
+#[tokio::test]
+async fn strict_input_is_refused_before_the_body_runs() {
+    let c = Conductor::new().await;
+    let task = "rt.strict";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let pod = Pod::start(&c, &contract, "touch \"$T/ran\"\n", &[]).await;
+    let cases = [
+        (
+            "extra",
+            json!({"params": {"n": 1, "zzz": 2, "inner": {"q": "a", "r": 1}}}),
+            "invalid params: params.inner.r: Extra inputs are not permitted; params.zzz: Extra inputs are not permitted",
+        ),
+        (
+            "workspace",
+            json!({"params": {"n": 1}, "workspace": {"repository": "r"}}),
+            "workspace-free task input must contain only params",
+        ),
+        (
+            "missing",
+            json!({"params": {}}),
+            "invalid params: params.n: Field required",
+        ),
+    ];
+    for (case, input, reason) in cases {
+        let wf = c.finished(&c.start(task, case, input).await).await;
+        let t = only_task(&wf);
+        assert_eq!(t["status"], "FAILED", "{case}: {wf}");
+        assert_eq!(t["reasonForIncompletion"].as_str(), Some(reason), "{case}");
+    }
+    assert!(!pod.path("ran").exists(), "the body never ran");
+}
+
+#[tokio::test]
+async fn lenient_input_drops_undeclared_fields_before_the_body_sees_them() {
+    let c = Conductor::new().await;
+    let task = "rt.lenient";
+    let contract = declare(
+        &c,
+        task,
+        &format!("{DEFAULT_CONTROLS}  strictParams: false\n"),
+    )
+    .await;
+    let _pod = Pod::start(&c, &contract, DOUBLE, &[]).await;
+    let input = json!({"params": {"n": 2, "zzz": 1, "inner": {"q": "a", "r": 1}}, "workspace": {"x": 1}, "other": 3});
+    let wf = c.finished(&c.start(task, "lenient", input).await).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    assert_eq!(
+        only_task(&wf)["outputData"],
+        json!({"result": {"total": 4, "seen": {"n": 2, "inner": {"q": "a"}}}})
+    );
+    let wf = c
+        .finished(&c.start(task, "noparams", json!({"other": 1})).await)
+        .await;
+    assert_eq!(
+        only_task(&wf)["reasonForIncompletion"],
+        "workspace-free task input must contain params"
+    );
+}
+
+const SLEEPER: &str = r#"
+echo $$ > "$T/body.pid.tmp"; echo $PPID > "$T/runner.pid.tmp"
+mv "$T/body.pid.tmp" "$T/body.pid"; mv "$T/runner.pid.tmp" "$T/runner.pid"
+mode=$(python3 -c 'import json,os; print(json.load(open(os.environ["PERAGO_PARAMS"])).get("mode", ""))')
+if [ "$mode" = sleep ]; then sleep 30; fi
+if [ "$mode" = nap ]; then sleep 3; fi
+printf '{"total": 1}' > "$PERAGO_RESULT"
+"#;
+
+fn executor_exited(reason: &str, task_id: &str) -> bool {
+    reason.starts_with("executor process for worker e2e-pod-under-test-")
+        && reason.ends_with(&format!("-0001 exited while running task {task_id}"))
+}
+
+#[tokio::test]
+async fn a_killed_body_fails_the_attempt_with_the_executor_exited_reason() {
+    let c = Conductor::new().await;
+    let task = "rt.bodykill";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let id = c
+        .start(task, "kill", json!({"params": {"n": 1, "mode": "sleep"}}))
+        .await;
+    kill(
+        &wait_file(&pod.path("body.pid")).await,
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let wf = c.finished(&id).await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED");
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        executor_exited(reason, t["taskId"].as_str().unwrap()),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_runner_fails_the_attempt_and_its_slot_returns_with_the_next_generation() {
+    let c = Conductor::new().await;
+    let task = "rt.runnerkill";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let id = c
+        .start(task, "kill", json!({"params": {"n": 1, "mode": "sleep"}}))
+        .await;
+    let body_pid = wait_file(&pod.path("body.pid")).await;
+    let runner_pid = wait_file(&pod.path("runner.pid")).await;
+    std::fs::remove_file(pod.path("body.pid")).unwrap();
+    kill(&runner_pid, nix::sys::signal::Signal::SIGKILL);
+    let wf = c.finished(&id).await;
+    // The orphaned body of the dead runner is not ours to report; stop it.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(body_pid.parse().unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED");
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        executor_exited(reason, t["taskId"].as_str().unwrap()),
+        "{reason}"
+    );
+    // The local supervisor restarts the runner; the slot serves the new generation.
+    pod.wait_ready().await;
+    let wf = c
+        .finished(&c.start(task, "after", json!({"params": {"n": 1}})).await)
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    let new_runner = wait_file(&pod.path("runner.pid")).await;
+    assert_ne!(new_runner, runner_pid);
+    let log = pod.log();
+    assert!(
+        log.contains("\"generation\":2"),
+        "a second generation connected:\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn lease_extension_keeps_an_attempt_longer_than_the_response_timeout() {
+    let c = Conductor::new().await;
+    let task = "rt.lease";
+    let contract = declare(
+        &c,
+        task,
+        "  controls: {retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2, policy: RETRY}}\n",
+    )
+    .await;
+    let pod = Pod::start(&c, &contract, &SLEEPER.replace("sleep 3", "sleep 6"), &[]).await;
+    let id = c
+        .start(task, "long", json!({"params": {"n": 1, "mode": "nap"}}))
+        .await;
+    wait_file(&pod.path("body.pid")).await;
+    // Make the decider look at timeouts while the body runs, twice past the response timeout.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        c.decide(&id).await;
+    }
+    let wf = c.finished(&id).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    let t = only_task(&wf);
+    assert_eq!(t["retryCount"], 0);
+    assert!(
+        pod.metrics()
+            .await
+            .contains("perago_sidecar_lease_extensions_total{outcome=\"ok\"}")
+    );
+}
+
+#[tokio::test]
+async fn sigterm_lets_the_attempt_in_flight_finish_and_report() {
+    let c = Conductor::new().await;
+    let task = "rt.sigterm";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let mut pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let id = c
+        .start(task, "drain", json!({"params": {"n": 1, "mode": "nap"}}))
+        .await;
+    wait_file(&pod.path("body.pid")).await;
+    kill(&pod.pid().to_string(), nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(30), pod.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit {status:?}:\n{}", pod.log());
+    let wf = c.workflow(&id).await;
+    assert_eq!(wf["status"], "COMPLETED", "reported before exit: {wf}");
+    assert!(
+        pod.log()
+            .contains("stopped polling; draining in-flight attempts")
+    );
+}
+
+#[tokio::test]
+async fn failure_reasons_are_truncated_to_the_configured_length() {
+    let c = Conductor::new().await;
+    let task = "rt.truncate";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let pod = Pod::start(
+        &c,
+        &contract,
+        "exit 3\n",
+        &[("PERAGO_FAILURE_REASON_MAX_LENGTH", "8")],
+    )
+    .await;
+    let wf = c
+        .finished(&c.start(task, "cut", json!({"params": {"n": 1}})).await)
+        .await;
+    assert_eq!(only_task(&wf)["reasonForIncompletion"], "task bod");
+    assert!(pod.log().contains("truncated task failure reason"));
+}
+
+#[tokio::test]
+async fn a_missing_taskdef_stops_the_sidecar_at_start() {
+    let c = Conductor::new().await;
+    let yaml_contract = json!({
+        "version": 1, "taskName": "rt.never.registered", "strictParams": true,
+        "paramsSchema": {"type": "object"}, "resultSchema": {"type": "object"},
+        "slots": 1, "responseTimeoutSeconds": 10, "timeoutSeconds": 0
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("contract.json");
+    std::fs::write(&path, yaml_contract.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_perago-sidecar"))
+        .env("PERAGO_TASK_CONTRACT", &path)
+        .env("PERAGO_WORK_DIR", dir.path().join("work"))
+        .env("CONDUCTOR_SERVER_URL", &c.base)
+        .env("PERAGO_HTTP_ADDR", "127.0.0.1:0")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("error: Conductor TaskDef 'rt.never.registered' is not registered; run perago extract and register it before start"),
+        "{stderr}"
+    );
+}
