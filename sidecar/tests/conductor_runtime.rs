@@ -5,115 +5,48 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use perago_api::{contract, manifest, taskdef};
-use perago_e2e::process::free_port;
+use perago_e2e::pod::{ConductorApi, Pod, PodBinaries, wait_file};
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-const TERMINAL: [&str; 4] = ["COMPLETED", "FAILED", "TERMINATED", "TIMED_OUT"];
-
-struct Conductor {
-    base: String,
-    http: reqwest::Client,
+async fn conductor() -> ConductorApi {
+    let services = shared(Selection {
+        conductor: true,
+        ..Selection::default()
+    })
+    .await;
+    ConductorApi::new(&services.conductor().api_url)
 }
 
-impl Conductor {
-    async fn new() -> Self {
-        let services = shared(Selection {
-            conductor: true,
-            ..Selection::default()
-        })
-        .await;
-        Self {
-            base: services.conductor().api_url.clone(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(15))
-                .build()
-                .unwrap(),
-        }
+fn binaries() -> PodBinaries {
+    PodBinaries {
+        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
+        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
     }
+}
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base))
-            .header("Accept", "*/*");
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        assert!(status.is_success(), "{method} {path}: {status} {text}");
-        serde_json::from_str(&text).unwrap_or(Value::String(text))
-    }
-
-    /// Register a one-step workflow whose step gets `task_input` verbatim, and start it.
-    async fn start(&self, task: &str, case: &str, task_input: Value) -> String {
-        let name = format!("{task}.{case}");
-        let wf = json!({
-            "name": name, "version": 1, "schemaVersion": 2, "ownerEmail": "e2e@example.com",
-            "tasks": [{"name": task, "taskReferenceName": "step", "type": "SIMPLE",
-                       "inputParameters": task_input}],
-        });
-        self.call(
-            reqwest::Method::PUT,
-            "/metadata/workflow",
-            Some(&json!([wf])),
-        )
-        .await;
-        let id = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/workflow/{name}"),
-                Some(&json!({})),
-            )
-            .await;
-        id.as_str().unwrap().to_owned()
-    }
-
-    async fn workflow(&self, id: &str) -> Value {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/workflow/{id}?includeTasks=true"),
-            None,
-        )
-        .await
-    }
-
-    async fn finished(&self, id: &str) -> Value {
-        let started = Instant::now();
-        loop {
-            let wf = self.workflow(id).await;
-            if TERMINAL.contains(&wf["status"].as_str().unwrap_or("")) {
-                return wf;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(90),
-                "workflow {id} did not finish: {wf}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Let the decider evaluate timeouts now rather than at its next sweep.
-    async fn decide(&self, id: &str) {
-        self.call(
-            reqwest::Method::PUT,
-            &format!("/workflow/decide/{id}"),
-            None,
-        )
-        .await;
-    }
+async fn pod(
+    c: &ConductorApi,
+    contract: &contract::TaskContract,
+    body: &str,
+    env: &[(&str, &str)],
+) -> Pod {
+    Pod::start(
+        &binaries(),
+        &c.base,
+        &serde_json::to_value(contract).unwrap(),
+        body,
+        env,
+    )
+    .await
 }
 
 /// A task declared as a PeragoTask manifest, its TaskDef registered.
-async fn declare(conductor: &Conductor, name: &str, extra_spec: &str) -> contract::TaskContract {
+async fn declare(conductor: &ConductorApi, name: &str, extra_spec: &str) -> contract::TaskContract {
     let yaml = format!(
         r#"
 apiVersion: perago.io/v1alpha1
@@ -154,108 +87,6 @@ spec:
 const DEFAULT_CONTROLS: &str =
     "  controls: {retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}\n";
 
-struct Pod {
-    child: Child,
-    dir: tempfile::TempDir,
-    http: u16,
-}
-
-impl Pod {
-    /// Start `perago-sidecar local -- sh body.sh` with `body` as the script.
-    async fn start(
-        conductor: &Conductor,
-        contract: &contract::TaskContract,
-        body: &str,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("perago-pod-")
-            .tempdir()
-            .unwrap();
-        let contract_path = dir.path().join("contract.json");
-        std::fs::write(&contract_path, serde_json::to_vec(contract).unwrap()).unwrap();
-        std::fs::write(dir.path().join("body.sh"), body).unwrap();
-        let http = free_port().unwrap();
-        let log = std::fs::File::create(dir.path().join("pod.log")).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_perago-sidecar"));
-        command
-            .arg("local")
-            .arg("--runner")
-            .arg(env!("CARGO_BIN_EXE_perago-runner"))
-            .env("PERAGO_TASK_CONTRACT", &contract_path)
-            .env("PERAGO_WORK_DIR", dir.path().join("work"))
-            .env("CONDUCTOR_SERVER_URL", &conductor.base)
-            .env("PERAGO_HTTP_ADDR", format!("127.0.0.1:{http}"))
-            .env("POD_NAME", "pod-under-test")
-            .env("PERAGO_WORKER_ID_PREFIX", "e2e")
-            .env("PERAGO_LOG", "info")
-            .env("T", dir.path())
-            .envs(env.iter().copied())
-            .args(["--", "sh"])
-            .arg(dir.path().join("body.sh"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true);
-        let child = command.spawn().unwrap();
-        let pod = Self { child, dir, http };
-        pod.wait_ready().await;
-        pod
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.path("pod.log")).unwrap_or_default()
-    }
-
-    async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let resp = reqwest::get(format!("http://127.0.0.1:{}{path}", self.http))
-            .await
-            .ok()?;
-        Some((resp.status().as_u16(), resp.text().await.ok()?))
-    }
-
-    async fn wait_ready(&self) {
-        let started = Instant::now();
-        while self.get("/readyz").await.map(|r| r.0) != Some(200) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "pod not ready:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn metrics(&self) -> String {
-        self.get("/metrics").await.unwrap().1
-    }
-
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id().unwrap()).unwrap()
-    }
-}
-
-/// Wait for a file the body writes (its pid, say) and return its trimmed content.
-async fn wait_file(path: &Path) -> String {
-    let started = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.ends_with('\n')
-        {
-            return text.trim().to_owned();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn kill(pid: &str, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
     nix::sys::signal::kill(pid, signal).unwrap();
@@ -281,13 +112,13 @@ EOF
 
 #[tokio::test]
 async fn success_reports_exactly_the_result_and_exports_metrics() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.success";
     let controls = format!(
         "{DEFAULT_CONTROLS}  metrics: {{application: [{{name: items, kind: histogram}}]}}\n"
     );
     let contract = declare(&c, task, &controls).await;
-    let pod = Pod::start(&c, &contract, DOUBLE, &[]).await;
+    let pod = pod(&c, &contract, DOUBLE, &[]).await;
     let wf = c.start(task, "ok", json!({"params": {"n": 21}})).await;
     let wf = c.finished(&wf).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}");
@@ -332,7 +163,7 @@ async fn success_reports_exactly_the_result_and_exports_metrics() {
 
 #[tokio::test]
 async fn body_failures_map_to_their_statuses_and_reasons() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.failures";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
     let body = r#"
@@ -345,7 +176,7 @@ case "$mode" in
   noresult) exit 0 ;;
 esac
 "#;
-    let _pod = Pod::start(&c, &contract, body, &[]).await;
+    let _pod = pod(&c, &contract, body, &[]).await;
     let cases = [
         (
             "exit3",
@@ -416,10 +247,10 @@ esac
 
 #[tokio::test]
 async fn strict_input_is_refused_before_the_body_runs() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.strict";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
-    let pod = Pod::start(&c, &contract, "touch \"$T/ran\"\n", &[]).await;
+    let pod = pod(&c, &contract, "touch \"$T/ran\"\n", &[]).await;
     let cases = [
         (
             "extra",
@@ -448,7 +279,7 @@ async fn strict_input_is_refused_before_the_body_runs() {
 
 #[tokio::test]
 async fn lenient_input_drops_undeclared_fields_before_the_body_sees_them() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.lenient";
     let contract = declare(
         &c,
@@ -456,7 +287,7 @@ async fn lenient_input_drops_undeclared_fields_before_the_body_sees_them() {
         &format!("{DEFAULT_CONTROLS}  strictParams: false\n"),
     )
     .await;
-    let _pod = Pod::start(&c, &contract, DOUBLE, &[]).await;
+    let _pod = pod(&c, &contract, DOUBLE, &[]).await;
     let input = json!({"params": {"n": 2, "zzz": 1, "inner": {"q": "a", "r": 1}}, "workspace": {"x": 1}, "other": 3});
     let wf = c.finished(&c.start(task, "lenient", input).await).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}");
@@ -489,10 +320,10 @@ fn executor_exited(reason: &str, task_id: &str) -> bool {
 
 #[tokio::test]
 async fn a_killed_body_fails_the_attempt_with_the_executor_exited_reason() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.bodykill";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
-    let pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let pod = pod(&c, &contract, SLEEPER, &[]).await;
     let id = c
         .start(task, "kill", json!({"params": {"n": 1, "mode": "sleep"}}))
         .await;
@@ -512,10 +343,10 @@ async fn a_killed_body_fails_the_attempt_with_the_executor_exited_reason() {
 
 #[tokio::test]
 async fn a_killed_runner_fails_the_attempt_and_its_slot_returns_with_the_next_generation() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.runnerkill";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
-    let pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let pod = pod(&c, &contract, SLEEPER, &[]).await;
     let id = c
         .start(task, "kill", json!({"params": {"n": 1, "mode": "sleep"}}))
         .await;
@@ -553,7 +384,7 @@ async fn a_killed_runner_fails_the_attempt_and_its_slot_returns_with_the_next_ge
 
 #[tokio::test]
 async fn lease_extension_keeps_an_attempt_longer_than_the_response_timeout() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.lease";
     let contract = declare(
         &c,
@@ -561,7 +392,7 @@ async fn lease_extension_keeps_an_attempt_longer_than_the_response_timeout() {
         "  controls: {retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2, policy: RETRY}}\n",
     )
     .await;
-    let pod = Pod::start(&c, &contract, &SLEEPER.replace("sleep 3", "sleep 6"), &[]).await;
+    let pod = pod(&c, &contract, &SLEEPER.replace("sleep 3", "sleep 6"), &[]).await;
     let id = c
         .start(task, "long", json!({"params": {"n": 1, "mode": "nap"}}))
         .await;
@@ -584,10 +415,10 @@ async fn lease_extension_keeps_an_attempt_longer_than_the_response_timeout() {
 
 #[tokio::test]
 async fn sigterm_lets_the_attempt_in_flight_finish_and_report() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.sigterm";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
-    let mut pod = Pod::start(&c, &contract, SLEEPER, &[]).await;
+    let mut pod = pod(&c, &contract, SLEEPER, &[]).await;
     let id = c
         .start(task, "drain", json!({"params": {"n": 1, "mode": "nap"}}))
         .await;
@@ -608,10 +439,10 @@ async fn sigterm_lets_the_attempt_in_flight_finish_and_report() {
 
 #[tokio::test]
 async fn failure_reasons_are_truncated_to_the_configured_length() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let task = "rt.truncate";
     let contract = declare(&c, task, DEFAULT_CONTROLS).await;
-    let pod = Pod::start(
+    let pod = pod(
         &c,
         &contract,
         "exit 3\n",
@@ -627,7 +458,7 @@ async fn failure_reasons_are_truncated_to_the_configured_length() {
 
 #[tokio::test]
 async fn a_missing_taskdef_stops_the_sidecar_at_start() {
-    let c = Conductor::new().await;
+    let c = conductor().await;
     let yaml_contract = json!({
         "version": 1, "taskName": "rt.never.registered", "strictParams": true,
         "paramsSchema": {"type": "object"}, "resultSchema": {"type": "object"},

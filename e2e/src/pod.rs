@@ -1,0 +1,220 @@
+//! Helpers for tests, benchmarks and the demo that drive a real Conductor and a local pod
+//! (`perago-sidecar local`: the sidecar plus `perago-runner` as two processes sharing a
+//! work directory, as the emptyDir is shared in a pod). They panic on failure: they are for
+//! tests.
+
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+use crate::process::free_port;
+
+/// A Conductor client for driving workflows.
+pub const TERMINAL: [&str; 4] = ["COMPLETED", "FAILED", "TERMINATED", "TIMED_OUT"];
+
+pub struct ConductorApi {
+    pub base: String,
+    http: reqwest::Client,
+}
+
+impl ConductorApi {
+    pub fn new(api_url: &str) -> Self {
+        Self {
+            base: api_url.to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Value {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header("Accept", "*/*");
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert!(status.is_success(), "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+
+    /// Register a one-step workflow whose step gets `task_input` verbatim, and start it.
+    pub async fn start(&self, task: &str, case: &str, task_input: Value) -> String {
+        let name = format!("{task}.{case}");
+        let wf = json!({
+            "name": name, "version": 1, "schemaVersion": 2, "ownerEmail": "e2e@example.com",
+            "tasks": [{"name": task, "taskReferenceName": "step", "type": "SIMPLE",
+                       "inputParameters": task_input}],
+        });
+        self.call(
+            reqwest::Method::PUT,
+            "/metadata/workflow",
+            Some(&json!([wf])),
+        )
+        .await;
+        let id = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/workflow/{name}"),
+                Some(&json!({})),
+            )
+            .await;
+        id.as_str().unwrap().to_owned()
+    }
+
+    pub async fn workflow(&self, id: &str) -> Value {
+        self.call(
+            reqwest::Method::GET,
+            &format!("/workflow/{id}?includeTasks=true"),
+            None,
+        )
+        .await
+    }
+
+    pub async fn finished(&self, id: &str) -> Value {
+        let started = Instant::now();
+        loop {
+            let wf = self.workflow(id).await;
+            if TERMINAL.contains(&wf["status"].as_str().unwrap_or("")) {
+                return wf;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "workflow {id} did not finish: {wf}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Let the decider evaluate timeouts now rather than at its next sweep.
+    pub async fn decide(&self, id: &str) {
+        self.call(
+            reqwest::Method::PUT,
+            &format!("/workflow/decide/{id}"),
+            None,
+        )
+        .await;
+    }
+}
+
+/// Paths of the two binaries of a pod.
+#[derive(Clone, Debug)]
+pub struct PodBinaries {
+    pub sidecar: PathBuf,
+    pub runner: PathBuf,
+}
+
+/// A pod run locally.
+pub struct Pod {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub http: u16,
+}
+
+impl Pod {
+    /// Start `perago-sidecar local -- sh body.sh` with `body` as the script. The body sees the
+    /// pod's directory as `$T`. Waits until the pod is ready.
+    pub async fn start(
+        bins: &PodBinaries,
+        conductor_url: &str,
+        contract: &Value,
+        body: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("perago-pod-")
+            .tempdir()
+            .unwrap();
+        let contract_path = dir.path().join("contract.json");
+        std::fs::write(&contract_path, serde_json::to_vec(contract).unwrap()).unwrap();
+        std::fs::write(dir.path().join("body.sh"), body).unwrap();
+        let http = free_port().unwrap();
+        let log = std::fs::File::create(dir.path().join("pod.log")).unwrap();
+        let mut command = Command::new(&bins.sidecar);
+        command
+            .arg("local")
+            .arg("--runner")
+            .arg(&bins.runner)
+            .env("PERAGO_TASK_CONTRACT", &contract_path)
+            .env("PERAGO_WORK_DIR", dir.path().join("work"))
+            .env("CONDUCTOR_SERVER_URL", conductor_url)
+            .env("PERAGO_HTTP_ADDR", format!("127.0.0.1:{http}"))
+            .env("POD_NAME", "pod-under-test")
+            .env("PERAGO_WORKER_ID_PREFIX", "e2e")
+            .env("PERAGO_LOG", "info")
+            .env("T", dir.path())
+            .envs(env.iter().copied())
+            .args(["--", "sh"])
+            .arg(dir.path().join("body.sh"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = command.spawn().unwrap();
+        let pod = Self { child, dir, http };
+        pod.wait_ready().await;
+        pod
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path("pod.log")).unwrap_or_default()
+    }
+
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let resp = reqwest::get(format!("http://127.0.0.1:{}{path}", self.http))
+            .await
+            .ok()?;
+        Some((resp.status().as_u16(), resp.text().await.ok()?))
+    }
+
+    pub async fn wait_ready(&self) {
+        let started = Instant::now();
+        while self.get("/readyz").await.map(|r| r.0) != Some(200) {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "pod not ready:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics").await.unwrap().1
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id().unwrap()).unwrap()
+    }
+}
+
+/// Wait for a file the body writes (its pid, say) and return its trimmed content.
+pub async fn wait_file(path: &Path) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim().to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
