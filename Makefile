@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test lint crds check-crds obtain services-up services-down clean
+.PHONY: build demo test bench lint crds check-crds obtain services-up services-down clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -14,11 +14,16 @@ obtain:
 
 ## The main job: example PeragoTasks against real Conductor and kube-apiserver servers.
 demo: obtain
+	$(CARGO) build -q -p perago-sidecar --bins
 	$(CARGO) run -q -p perago-e2e --bin perago-demo
 
 ## Every test: unit, CLI, the differential test against Python Perago, and the real servers.
 test: obtain
 	$(CARGO) test --workspace --no-fail-fast
+
+## Benchmarks against the real servers; they print figures and ratios.
+bench: obtain
+	$(CARGO) bench -p perago-sidecar --bench runtime
 
 lint:
 	$(CARGO) fmt --all --check

@@ -199,6 +199,21 @@ impl Pod {
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id().unwrap()).unwrap()
     }
+
+    /// Stop the pod as Kubernetes would (SIGTERM, then wait). Dropping a pod kills it at once
+    /// instead, and a sidecar killed during a long poll can lose the tasks Conductor pops for
+    /// it: they stay IN_PROGRESS until their response timeout.
+    pub async fn stop(mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the pod stops within a minute of SIGTERM")
+            .unwrap()
+    }
 }
 
 /// Wait for a file the body writes (its pid, say) and return its trimmed content.

@@ -47,6 +47,15 @@ async fn pod(
 
 /// A task declared as a PeragoTask manifest, its TaskDef registered.
 async fn declare(conductor: &ConductorApi, name: &str, extra_spec: &str) -> contract::TaskContract {
+    declare_slots(conductor, name, extra_spec, 1).await
+}
+
+async fn declare_slots(
+    conductor: &ConductorApi,
+    name: &str,
+    extra_spec: &str,
+    slots: u32,
+) -> contract::TaskContract {
     let yaml = format!(
         r#"
 apiVersion: perago.io/v1alpha1
@@ -68,7 +77,7 @@ spec:
       total: {{type: integer}}
       seen: {{type: object, additionalProperties: true}}
     required: [total]
-  executor: {{body: {{image: body, command: [sh]}}}}
+  executor: {{body: {{image: body, command: [sh]}}, slots: {slots}}}
 {extra_spec}"#
     );
     let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
@@ -480,5 +489,51 @@ async fn a_missing_taskdef_stops_the_sidecar_at_start() {
     assert!(
         stderr.contains("error: Conductor TaskDef 'rt.never.registered' is not registered; run perago extract and register it before start"),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn slots_run_attempts_concurrently_and_may_finish_in_any_order() {
+    let c = conductor().await;
+    let task = "rt.slots";
+    let contract = declare_slots(&c, task, DEFAULT_CONTROLS, 4).await;
+    assert_eq!(contract.slots, 4);
+    let body = r#"
+n=$(python3 -c 'import json,os; print(json.load(open(os.environ["PERAGO_PARAMS"]))["n"])')
+sleep "$n"
+printf '{"total": %d, "seen": {"worker": "%s"}}' "$n" "$PERAGO_WORKER_ID" > "$PERAGO_RESULT"
+"#;
+    let _pod = pod(&c, &contract, body, &[]).await;
+    let started = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for n in [3, 2, 1, 0] {
+        ids.push(
+            c.start(task, &format!("s{n}"), json!({"params": {"n": n}}))
+                .await,
+        );
+    }
+    let mut ends = Vec::new();
+    let mut workers = std::collections::BTreeSet::new();
+    for id in &ids {
+        let wf = c.finished(id).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf}");
+        let t = only_task(&wf);
+        ends.push(t["endTime"].as_i64().unwrap());
+        workers.insert(
+            t["outputData"]["result"]["seen"]["worker"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "ran concurrently: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(workers.len(), 4, "four distinct slots: {workers:?}");
+    assert!(
+        ends[0] > ends[3],
+        "the longest, started first, finished last: {ends:?}"
     );
 }

@@ -2,8 +2,10 @@
 //!
 //! Starts Conductor and a Kubernetes control plane (etcd + kube-apiserver), installs the
 //! PeragoTask CRD, applies every example PeragoTask, renders each one's TaskDef, registers it
-//! in Conductor and reads it back, then stops everything. (The operator and the executor pods
-//! take over the registration and run workflows once they exist.)
+//! in Conductor and reads it back. Then it runs the workspace-free example `notify-owner` as a
+//! local pod (`perago-sidecar local`: the sidecar and `perago-runner` as two processes sharing
+//! a directory) with a shell stand-in for its body, starts a workflow and prints the Conductor
+//! result and the pod's metrics, and stops everything.
 
 use std::path::Path;
 
@@ -11,8 +13,10 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use perago_api::{PeragoTask, taskdef, validate};
+use perago_api::{PeragoTask, contract, taskdef, validate};
+use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::{Selection, Services};
+use serde_json::json;
 
 const MANAGER: &str = "perago-demo";
 
@@ -109,6 +113,7 @@ async fn main() -> Result<()> {
             );
         }
     }
+    run_workspace_free_example(&repo, conductor).await?;
     let listed = tasks.list(&Default::default()).await?;
     println!(
         "{} PeragoTasks stored in the apiserver; finished in {:.1?}",
@@ -116,5 +121,58 @@ async fn main() -> Result<()> {
         started.elapsed()
     );
     drop(services);
+    Ok(())
+}
+
+/// Stand-in for `/app/notify`: reads params, records a metric, returns `delivered`.
+const NOTIFY_BODY: &str = r#"
+owner=$(python3 -c 'import json,os; print(json.load(open(os.environ["PERAGO_PARAMS"]))["owner"])')
+echo "notify: telling $owner" >&2
+printf '{"kind": "histogram", "name": "notifications_sent", "value": 1, "labels": {"channel": "email"}}\n' >> "$PERAGO_METRICS"
+printf '{"delivered": true}' > "$PERAGO_RESULT"
+"#;
+
+async fn run_workspace_free_example(repo: &Path, conductor: &str) -> Result<()> {
+    let text = std::fs::read_to_string(repo.join("deploy/examples/workspace-free-task.yaml"))?;
+    let task = perago_api::manifest::parse(&text)?.remove(0).task;
+    let contract = contract::render(&task.spec).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let dir = std::env::current_exe()?
+        .parent()
+        .context("locating the build directory")?
+        .to_owned();
+    let bins = PodBinaries {
+        sidecar: dir.join("perago-sidecar"),
+        runner: dir.join("perago-runner"),
+    };
+    if !bins.sidecar.is_file() || !bins.runner.is_file() {
+        bail!("build the sidecar first: cargo build -p perago-sidecar");
+    }
+    let pod = Pod::start(
+        &bins,
+        conductor,
+        &serde_json::to_value(&contract)?,
+        NOTIFY_BODY,
+        &[("PERAGO_LOG", "warn")],
+    )
+    .await;
+    let api = ConductorApi::new(conductor);
+    let input = json!({"params": {"owner": "data-platform", "message": "orders refreshed",
+                                  "priority": "undeclared, dropped"}});
+    let workflow = api.start(&task.spec.task_name, "demo", input).await;
+    let finished = api.finished(&workflow).await;
+    let step = &finished["tasks"][0];
+    println!(
+        "notify-owner: workflow {workflow} {}; task {} by worker {} with output {}",
+        finished["status"], step["status"], step["workerId"], step["outputData"]
+    );
+    let metrics = pod.metrics().await;
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("app_notifications_sent_count")
+            || l.starts_with("perago_sidecar_attempts_total")
+            || l.starts_with("runtime_task_attempt_duration_seconds_count")
+    }) {
+        println!("  metric {line}");
+    }
+    pod.stop().await;
     Ok(())
 }

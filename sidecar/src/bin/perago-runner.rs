@@ -9,6 +9,7 @@
 //!   runner reconnects; the sidecar treats the new connection as a new generation.
 //! - SIGTERM/SIGINT: the runner tells the sidecar it is draining, lets running processes finish
 //!   and report, then exits 0.
+//! - Re-parented (its starter died; only outside a container): it exits.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -256,10 +257,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // In a container the runner is process 1 (parent 0) and this never fires; run locally,
+    // it stops a runner whose supervisor died instead of leaving it behind.
+    let parent = std::os::unix::process::parent_id();
     let mut waiting_since: Option<Instant> = None;
     loop {
         if terminating.load(Ordering::SeqCst) {
             return ExitCode::SUCCESS;
+        }
+        if std::os::unix::process::parent_id() != parent {
+            log("the process that started this runner is gone; exiting");
+            return ExitCode::FAILURE;
         }
         match UnixStream::connect(&args.socket) {
             Ok(stream) => {
