@@ -156,10 +156,10 @@ fn rss_mb(pid: u32) -> f64 {
 fn runner_pid(pod: &Pod) -> u32 {
     pod.log()
         .lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["message"] == "runner connected")
-        .filter_map(|v| v["runner_pid"].as_u64())
-        .last()
+        .find_map(|v| v["runner_pid"].as_u64())
         .and_then(|p| u32::try_from(p).ok())
         .unwrap()
 }
