@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -16,6 +16,7 @@ use crate::conductor::ConductorClient;
 use crate::config::Settings;
 use crate::execution;
 use crate::input::Schemas;
+use crate::otlp::{self, Exporter};
 use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
@@ -74,6 +75,7 @@ pub fn stop_on_signals() -> Result<watch::Receiver<bool>, StartError> {
 /// Run the sidecar until `stop` turns true and every attempt is reported.
 pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(), StartError> {
     let checked = settings.check().map_err(StartError)?;
+    std::sync::LazyLock::force(&STARTED);
     let contract = read_contract(&settings.contract)?;
     let schemas = Schemas::compile(&contract).map_err(StartError)?;
     let work_dir = settings.work_dir.clone();
@@ -137,17 +139,68 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         conductor = %checked.conductor_url,
         "sidecar started"
     );
+    let exporter = match checked.otlp.clone() {
+        Some(config) => {
+            let endpoint = config.endpoint.clone();
+            let exporter = Arc::new(
+                Exporter::new(config)
+                    .map_err(|e| StartError(format!("building the OTLP exporter failed: {e}")))?,
+            );
+            let task = tokio::spawn(export_periodically(
+                Arc::clone(&exporter),
+                Arc::clone(&metrics),
+                checked.instance_id.clone(),
+            ));
+            info!(endpoint = %endpoint, interval_ms = exporter.interval().as_millis() as u64, "exporting task metrics over OTLP");
+            Some((exporter, task))
+        }
+        None => None,
+    };
+    let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
         contract,
         schemas,
         conductor,
         hub,
-        metrics,
+        metrics: Arc::clone(&metrics),
         settings: checked,
         work_dir,
     });
     broker.run(stop).await;
+    if let Some((exporter, task)) = exporter {
+        // A last export, so the final attempts are not lost with the process.
+        task.abort();
+        exporter
+            .export(&otlp::request(
+                &metrics.otlp_families(),
+                &instance_id,
+                *STARTED,
+                SystemTime::now(),
+            ))
+            .await;
+    }
     Ok(())
+}
+
+static STARTED: std::sync::LazyLock<SystemTime> = std::sync::LazyLock::new(SystemTime::now);
+
+async fn export_periodically(exporter: Arc<Exporter>, metrics: Arc<Metrics>, instance_id: String) {
+    let start = *STARTED;
+    let mut ticks = tokio::time::interval_at(
+        tokio::time::Instant::now() + exporter.interval(),
+        exporter.interval(),
+    );
+    loop {
+        ticks.tick().await;
+        exporter
+            .export(&otlp::request(
+                &metrics.otlp_families(),
+                &instance_id,
+                start,
+                SystemTime::now(),
+            ))
+            .await;
+    }
 }
 
 /// Local mode: the sidecar plus `perago-runner -- <command>` as a child process, restarted

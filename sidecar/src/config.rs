@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::conductor::Credentials;
+use crate::otlp::OtlpConfig;
 
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
@@ -49,6 +50,9 @@ pub struct Settings {
     /// How long in-flight attempts may run after SIGTERM before they are given up (seconds).
     #[arg(long, env = "PERAGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
+    /// Value of the `perago_instance_id` label of `runtime_busy_slots` (default: the pod name).
+    #[arg(long, env = "PERAGO_INSTANCE_ID")]
+    pub instance_id: Option<String>,
     /// Metrics, `/healthz` and `/readyz`.
     #[arg(long, env = "PERAGO_HTTP_ADDR", default_value = "0.0.0.0:9464")]
     pub http_addr: SocketAddr,
@@ -66,6 +70,8 @@ pub struct Checked {
     pub poll_wait: Duration,
     pub poll_interval: Duration,
     pub shutdown_grace: Duration,
+    /// OTLP export of the task metrics, when `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set.
+    pub otlp: Option<OtlpConfig>,
 }
 
 fn set(value: Option<&String>) -> Option<String> {
@@ -122,6 +128,17 @@ impl Settings {
         if max.is_empty() || !max.chars().all(|c| c.is_ascii_digit()) {
             return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer".into());
         }
+        let otlp = OtlpConfig::from_lookup(|name| std::env::var(name).ok())?;
+        let instance_id = match set(self.instance_id.as_ref()) {
+            Some(id)
+                if !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) =>
+            {
+                return Err("PERAGO_INSTANCE_ID must contain only ASCII letters, digits, dots, underscores, or hyphens".into());
+            }
+            other => other,
+        };
         let failure_reason_max_length: usize = max.parse().unwrap_or(usize::MAX);
         if failure_reason_max_length == 0 {
             return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be greater than zero".into());
@@ -153,11 +170,12 @@ impl Settings {
             credentials,
             request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
             worker_id,
-            instance_id: pod,
+            instance_id: instance_id.unwrap_or(pod),
             failure_reason_max_length,
             poll_wait: Duration::from_millis(self.poll_timeout_ms),
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(1)),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
+            otlp,
         })
     }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod execution;
 pub mod http;
 pub mod input;
+pub mod otlp;
 pub mod outcome;
 pub mod protocol;
 pub mod runner;

@@ -65,6 +65,8 @@ pub struct Metrics {
     runtime: RuntimeMetrics,
     application: HashMap<String, AppMetric>,
     task_name: String,
+    /// Prometheus family name → OTLP name, for the task metrics exported over OTLP.
+    otlp_names: HashMap<String, String>,
 }
 
 struct RuntimeMetrics {
@@ -202,9 +204,19 @@ impl Metrics {
                 .transpose()?,
             instance_id: instance_id.to_owned(),
         };
+        let mut otlp_names: HashMap<String, String> = [
+            "task_attempt_duration_seconds",
+            "workspace_io_duration_seconds",
+            "workspace_io_bytes",
+            "busy_slots",
+        ]
+        .iter()
+        .map(|n| (format!("runtime_{n}"), format!("runtime.{n}")))
+        .collect();
         let mut application = HashMap::new();
         for declared in spec.map(|s| s.application.as_slice()).unwrap_or_default() {
             let name = prometheus_name("app_", &declared.name);
+            otlp_names.insert(name.clone(), format!("app.{}", declared.name));
             let mut labels: Vec<&str> = vec!["task_name"];
             labels.extend(
                 declared
@@ -303,8 +315,18 @@ impl Metrics {
             runtime,
             application,
             task_name: task_name.to_owned(),
+            otlp_names,
             registry,
         })
+    }
+
+    /// The task metrics (runtime and application) with their OTLP names.
+    pub fn otlp_families(&self) -> Vec<(String, prometheus::proto::MetricFamily)> {
+        self.registry
+            .gather()
+            .into_iter()
+            .filter_map(|f| self.otlp_names.get(f.name()).map(|n| (n.clone(), f)))
+            .collect()
     }
 
     pub fn render(&self) -> String {

@@ -537,3 +537,83 @@ printf '{"total": %d, "seen": {"worker": "%s"}}' "$n" "$PERAGO_WORKER_ID" > "$PE
         "the longest, started first, finished last: {ends:?}"
     );
 }
+
+/// Task metrics reach an OTLP/HTTP endpoint as 0.6.1 sends them: protobuf, the URL as given,
+/// `app.` and `runtime.` names, unit `1`.
+#[tokio::test]
+async fn task_metrics_are_exported_over_otlp() {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use prost::Message;
+    use std::sync::{Arc, Mutex};
+
+    let received: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let sink = Arc::clone(&received);
+    let app = axum::Router::new().route(
+        "/custom/path",
+        axum::routing::post(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let sink = Arc::clone(&sink);
+                async move {
+                    let content_type = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    sink.lock().unwrap().push((content_type, body.to_vec()));
+                    ""
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}/custom/path", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let c = conductor().await;
+    let task = "rt.otlp";
+    let controls = format!(
+        "{DEFAULT_CONTROLS}  metrics: {{application: [{{name: items, kind: histogram}}]}}\n"
+    );
+    let contract = declare(&c, task, &controls).await;
+    let pod = pod(
+        &c,
+        &contract,
+        DOUBLE,
+        &[
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await;
+    let wf = c
+        .finished(&c.start(task, "otlp", json!({"params": {"n": 5}})).await)
+        .await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    assert!(pod.stop().await.success());
+    let bodies = received.lock().unwrap().clone();
+    let (content_type, last) = bodies.last().expect("at least one export");
+    assert_eq!(content_type, "application/x-protobuf");
+    let request = ExportMetricsServiceRequest::decode(last.as_slice()).unwrap();
+    let metrics = &request.resource_metrics[0].scope_metrics[0].metrics;
+    let names: Vec<&str> = metrics.iter().map(|m| m.name.as_str()).collect();
+    for expected in [
+        "app.items",
+        "runtime.task_attempt_duration_seconds",
+        "runtime.busy_slots",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    let items = metrics.iter().find(|m| m.name == "app.items").unwrap();
+    assert_eq!(items.unit, "1");
+    let Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Histogram(h)) = &items.data
+    else {
+        panic!("app.items is not a histogram: {items:?}");
+    };
+    assert_eq!(
+        (h.data_points[0].count, h.data_points[0].sum),
+        (1, Some(5.0))
+    );
+}
