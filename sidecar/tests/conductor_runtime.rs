@@ -546,7 +546,8 @@ async fn task_metrics_are_exported_over_otlp() {
     use prost::Message;
     use std::sync::{Arc, Mutex};
 
-    let received: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+    let received: Received = Arc::default();
     let sink = Arc::clone(&received);
     let app = axum::Router::new().route(
         "/custom/path",
