@@ -288,7 +288,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// Percent-encode one path segment.
-fn encode(segment: &str) -> String {
+pub(crate) fn encode(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
     for b in segment.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

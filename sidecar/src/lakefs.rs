@@ -1,0 +1,562 @@
+//! The lakeFS calls of the workspace transaction. Every call has a timeout and its errors
+//! name the call, the repository and the ref. Idempotent calls are retried on transient
+//! answers (connection errors, 429, 503, and 500 "locked"); commits and merges never are.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::conductor::encode as segment;
+
+#[derive(Debug, Error)]
+pub enum LakeFsError {
+    #[error("lakeFS {call} on {repository}@{reference} failed: HTTP {status}: {message}")]
+    Status {
+        call: &'static str,
+        repository: String,
+        reference: String,
+        status: StatusCode,
+        message: String,
+    },
+    #[error("lakeFS {call} on {repository}@{reference} failed: {detail}")]
+    Transport {
+        call: &'static str,
+        repository: String,
+        reference: String,
+        detail: String,
+        timeout: bool,
+    },
+    #[error("lakeFS {call} on {repository}@{reference} returned an unreadable answer: {detail}")]
+    Decode {
+        call: &'static str,
+        repository: String,
+        reference: String,
+        detail: String,
+    },
+}
+
+impl LakeFsError {
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    fn transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } => true,
+            Self::Status {
+                status, message, ..
+            } => {
+                *status == StatusCode::TOO_MANY_REQUESTS
+                    || *status == StatusCode::SERVICE_UNAVAILABLE
+                    || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked"))
+            }
+            Self::Decode { .. } => false,
+        }
+    }
+
+    /// A merge that timed out or lost its connection may still have happened.
+    pub fn outcome_uncertain(&self) -> bool {
+        matches!(self, Self::Transport { .. })
+    }
+}
+
+/// One object of a listing.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct ObjectEntry {
+    pub path: String,
+    pub path_type: String,
+    #[serde(default)]
+    pub checksum: String,
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Commit {
+    pub id: String,
+    #[serde(default)]
+    pub parents: Vec<String>,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct Pagination {
+    has_more: bool,
+    #[serde(default)]
+    next_offset: String,
+}
+
+#[derive(Deserialize)]
+struct Page<T> {
+    pagination: Pagination,
+    results: Vec<T>,
+}
+
+pub struct LakeFsClient {
+    http: reqwest::Client,
+    /// Ends in `/api/v1`.
+    base: String,
+    access_key_id: String,
+    secret_access_key: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for LakeFsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LakeFsClient")
+            .field("base", &self.base)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Largest page lakeFS serves.
+const PAGE: u32 = 1000;
+
+impl LakeFsClient {
+    pub fn new(
+        endpoint: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+        timeout: Duration,
+    ) -> Result<Self, reqwest::Error> {
+        let endpoint = endpoint.trim_end_matches('/');
+        let base = if endpoint.ends_with("/api/v1") {
+            endpoint.to_owned()
+        } else {
+            format!("{endpoint}/api/v1")
+        };
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .connect_timeout(timeout.min(Duration::from_secs(5)))
+                .build()?,
+            base,
+            access_key_id: access_key_id.to_owned(),
+            secret_access_key: secret_access_key.to_owned(),
+            timeout,
+        })
+    }
+
+    fn request(&self, method: Method, path: &str, timeout: Duration) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .basic_auth(&self.access_key_id, Some(&self.secret_access_key))
+            .timeout(timeout)
+    }
+
+    /// Send once; map the answer. `Ok(body)` for success (JSON or text as a JSON string).
+    async fn once(
+        &self,
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, LakeFsError> {
+        let response = request.send().await.map_err(|e| LakeFsError::Transport {
+            call,
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            timeout: e.is_timeout(),
+            detail: e.to_string(),
+        })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let text = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| text.chars().take(300).collect());
+        Err(LakeFsError::Status {
+            call,
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            status,
+            message,
+        })
+    }
+
+    /// Send with retries on transient answers (idempotent calls only).
+    async fn idempotent(
+        &self,
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, LakeFsError> {
+        let mut attempt = 0u32;
+        loop {
+            match self.once(call, repository, reference, build()).await {
+                Err(e) if e.transient() && attempt < 3 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200 * (1 << attempt))).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        response: reqwest::Response,
+    ) -> Result<T, LakeFsError> {
+        let bytes = response.bytes().await.map_err(|e| LakeFsError::Transport {
+            call,
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            timeout: e.is_timeout(),
+            detail: e.to_string(),
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| LakeFsError::Decode {
+            call,
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// Every object under `prefix` at `reference`, recursively, following pagination.
+    pub async fn list_objects(
+        &self,
+        repository: &str,
+        reference: &str,
+        prefix: &str,
+    ) -> Result<Vec<ObjectEntry>, LakeFsError> {
+        let call = "list objects";
+        let path = format!(
+            "/repositories/{}/refs/{}/objects/ls",
+            segment(repository),
+            segment(reference)
+        );
+        let mut after = String::new();
+        let mut all = Vec::new();
+        loop {
+            let response = self
+                .idempotent(call, repository, reference, || {
+                    self.request(Method::GET, &path, self.timeout).query(&[
+                        ("prefix", prefix),
+                        ("after", after.as_str()),
+                        ("amount", &PAGE.to_string()),
+                    ])
+                })
+                .await?;
+            let page: Page<ObjectEntry> = Self::json(call, repository, reference, response).await?;
+            all.extend(page.results.into_iter().filter(|e| e.path_type == "object"));
+            if !page.pagination.has_more {
+                return Ok(all);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
+    /// Stream an object's bytes. `timeout` bounds the whole transfer.
+    pub async fn get_object(
+        &self,
+        repository: &str,
+        reference: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, LakeFsError> {
+        let path = format!(
+            "/repositories/{}/refs/{}/objects",
+            segment(repository),
+            segment(reference)
+        );
+        self.idempotent("get object", repository, reference, || {
+            self.request(Method::GET, &path, timeout)
+                .query(&[("path", key)])
+        })
+        .await
+    }
+
+    /// The commit a branch points at.
+    pub async fn branch_head(&self, repository: &str, branch: &str) -> Result<String, LakeFsError> {
+        let call = "get branch";
+        let path = format!(
+            "/repositories/{}/branches/{}",
+            segment(repository),
+            segment(branch)
+        );
+        let response = self
+            .idempotent(call, repository, branch, || {
+                self.request(Method::GET, &path, self.timeout)
+            })
+            .await?;
+        let r: Value = Self::json(call, repository, branch, response).await?;
+        r.get("commit_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| LakeFsError::Decode {
+                call,
+                repository: repository.to_owned(),
+                reference: branch.to_owned(),
+                detail: "no commit_id".into(),
+            })
+    }
+
+    /// Create `name` from `source`; fails (409) if it exists.
+    pub async fn create_branch(
+        &self,
+        repository: &str,
+        name: &str,
+        source: &str,
+    ) -> Result<(), LakeFsError> {
+        let path = format!("/repositories/{}/branches", segment(repository));
+        let body = json!({"name": name, "source": source});
+        self.once(
+            "create branch",
+            repository,
+            name,
+            self.request(Method::POST, &path, self.timeout).json(&body),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn delete_branch(&self, repository: &str, name: &str) -> Result<(), LakeFsError> {
+        let path = format!(
+            "/repositories/{}/branches/{}",
+            segment(repository),
+            segment(name)
+        );
+        match self
+            .idempotent("delete branch", repository, name, || {
+                self.request(Method::DELETE, &path, self.timeout)
+            })
+            .await
+        {
+            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Upload a local file as `key`, streaming it; retried (the bytes are the same each time).
+    pub async fn upload(
+        &self,
+        repository: &str,
+        branch: &str,
+        key: &str,
+        file: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<ObjectEntry, LakeFsError> {
+        let call = "upload object";
+        let path = format!(
+            "/repositories/{}/branches/{}/objects",
+            segment(repository),
+            segment(branch)
+        );
+        let mut attempt = 0u32;
+        loop {
+            let opened = tokio::fs::File::open(file)
+                .await
+                .map_err(|e| LakeFsError::Transport {
+                    call,
+                    repository: repository.to_owned(),
+                    reference: branch.to_owned(),
+                    timeout: false,
+                    detail: format!("reading {}: {e}", file.display()),
+                })?;
+            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+                opened,
+                64 * 1024,
+            ));
+            let request = self
+                .request(Method::POST, &path, timeout)
+                .query(&[("path", key)])
+                // A fixed content type keeps unchanged files identical to lakeFS.
+                .header("Content-Type", "application/octet-stream")
+                .body(body);
+            match self.once(call, repository, branch, request).await {
+                Err(e) if e.transient() && attempt < 3 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200 * (1 << attempt))).await;
+                }
+                Err(e) => return Err(e),
+                Ok(response) => return Self::json(call, repository, branch, response).await,
+            }
+        }
+    }
+
+    /// Delete keys from a branch, at most 1000 per request; missing keys are not errors.
+    pub async fn delete_objects(
+        &self,
+        repository: &str,
+        branch: &str,
+        keys: &[String],
+    ) -> Result<(), LakeFsError> {
+        let call = "delete objects";
+        let path = format!(
+            "/repositories/{}/branches/{}/objects/delete",
+            segment(repository),
+            segment(branch)
+        );
+        for chunk in keys.chunks(PAGE as usize) {
+            let body = json!({"paths": chunk});
+            let response = self
+                .idempotent(call, repository, branch, || {
+                    self.request(Method::POST, &path, self.timeout).json(&body)
+                })
+                .await?;
+            let answer: Value = Self::json(call, repository, branch, response).await?;
+            if let Some(first) = answer
+                .get("errors")
+                .and_then(Value::as_array)
+                .and_then(|e| e.first())
+            {
+                return Err(LakeFsError::Status {
+                    call,
+                    repository: repository.to_owned(),
+                    reference: branch.to_owned(),
+                    status: first
+                        .get("status_code")
+                        .and_then(Value::as_u64)
+                        .and_then(|c| u16::try_from(c).ok())
+                        .and_then(|c| StatusCode::from_u16(c).ok())
+                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    message: format!(
+                        "{}: {}",
+                        first.get("path").and_then(Value::as_str).unwrap_or("?"),
+                        first.get("message").and_then(Value::as_str).unwrap_or("")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Commit what is staged on a branch. Never retried: a lost answer may hide a commit.
+    pub async fn commit(
+        &self,
+        repository: &str,
+        branch: &str,
+        message: &str,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Commit, LakeFsError> {
+        let call = "commit";
+        let path = format!(
+            "/repositories/{}/branches/{}/commits",
+            segment(repository),
+            segment(branch)
+        );
+        let body = json!({"message": message, "metadata": metadata});
+        let response = self
+            .once(
+                call,
+                repository,
+                branch,
+                self.request(Method::POST, &path, self.timeout).json(&body),
+            )
+            .await?;
+        Self::json(call, repository, branch, response).await
+    }
+
+    pub async fn get_commit(
+        &self,
+        repository: &str,
+        reference: &str,
+    ) -> Result<Commit, LakeFsError> {
+        let call = "get commit";
+        let path = format!(
+            "/repositories/{}/commits/{}",
+            segment(repository),
+            segment(reference)
+        );
+        let response = self
+            .idempotent(call, repository, reference, || {
+                self.request(Method::GET, &path, self.timeout)
+            })
+            .await?;
+        Self::json(call, repository, reference, response).await
+    }
+
+    /// Up to `limit` commits of the first-parent history from `reference`, newest first,
+    /// stopping after `stop_at` (inclusive) when it is met.
+    pub async fn first_parent_log(
+        &self,
+        repository: &str,
+        reference: &str,
+        stop_at: &str,
+        limit: usize,
+    ) -> Result<(Vec<Commit>, bool), LakeFsError> {
+        let call = "log commits";
+        let path = format!(
+            "/repositories/{}/refs/{}/commits",
+            segment(repository),
+            segment(reference)
+        );
+        let mut after = String::new();
+        let mut commits = Vec::new();
+        loop {
+            let amount = (limit - commits.len()).clamp(1, PAGE as usize).to_string();
+            let response = self
+                .idempotent(call, repository, reference, || {
+                    self.request(Method::GET, &path, self.timeout).query(&[
+                        ("first_parent", "true"),
+                        ("stop_at", stop_at),
+                        ("after", after.as_str()),
+                        ("amount", amount.as_str()),
+                    ])
+                })
+                .await?;
+            let page: Page<Commit> = Self::json(call, repository, reference, response).await?;
+            commits.extend(page.results);
+            if !page.pagination.has_more || commits.len() >= limit {
+                let more = page.pagination.has_more;
+                commits.truncate(limit);
+                return Ok((commits, more));
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_base_url_gets_the_api_path_once() {
+        let a = LakeFsClient::new("http://l:8000", "k", "s", Duration::from_secs(1)).unwrap();
+        let b =
+            LakeFsClient::new("http://l:8000/api/v1/", "k", "s", Duration::from_secs(1)).unwrap();
+        assert_eq!(a.base, "http://l:8000/api/v1");
+        assert_eq!(b.base, a.base);
+        assert!(
+            !format!("{a:?}").contains("\"s\""),
+            "the secret never prints"
+        );
+    }
+
+    #[test]
+    fn transient_answers() {
+        let status = |s: u16, m: &str| LakeFsError::Status {
+            call: "c",
+            repository: "r".into(),
+            reference: "b".into(),
+            status: StatusCode::from_u16(s).unwrap(),
+            message: m.into(),
+        };
+        assert!(status(429, "").transient());
+        assert!(status(503, "").transient());
+        assert!(status(500, "branch is currently locked, try again later").transient());
+        assert!(!status(500, "boom").transient());
+        assert!(!status(404, "").transient());
+        assert_eq!(
+            status(404, "branch not found").to_string(),
+            "lakeFS c on r@b failed: HTTP 404 Not Found: branch not found"
+        );
+    }
+}

@@ -1,0 +1,318 @@
+//! Guardrails: checks of the workspace's file shape before (pre) and after (post) the body,
+//! with the reference's glob semantics:
+//!
+//! - `*`, `?` and `[...]` match within one segment, `*` also matches names starting with a dot,
+//!   case-sensitive;
+//! - `**` as a whole segment matches zero or more directory levels and never descends into a
+//!   symlinked directory;
+//! - a pattern ending in `**` matches its base directory itself and everything below it;
+//! - matches count files and directories alike (a symlink is matched as an entry).
+
+use std::path::Path;
+
+use globset::{Glob, GlobMatcher};
+
+use perago_api::task::{Guardrail, GuardrailKind};
+
+/// One entry of the workspace tree, relative to its root (`""` is the root itself).
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub path: String,
+    pub is_dir: bool,
+}
+
+/// Walk the tree in sorted order without following symlinks.
+pub fn walk(root: &Path) -> std::io::Result<Vec<Entry>> {
+    let mut out = vec![Entry {
+        path: String::new(),
+        is_dir: true,
+    }];
+    let mut stack = vec![String::new()];
+    while let Some(dir) = stack.pop() {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(root.join(&dir))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_dir = entry.file_type()?.is_dir(); // not followed: a symlink is not a dir
+            names.push((name, is_dir));
+        }
+        names.sort();
+        for (name, is_dir) in names.into_iter().rev() {
+            let path = if dir.is_empty() {
+                name
+            } else {
+                format!("{dir}/{name}")
+            };
+            if is_dir {
+                stack.push(path.clone());
+            }
+            out.push(Entry { path, is_dir });
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+enum Segment {
+    AnyDepth,
+    Name(GlobMatcher),
+}
+
+/// A compiled guardrail pattern.
+pub struct Pattern {
+    segments: Vec<Segment>,
+}
+
+impl Pattern {
+    pub fn new(pattern: &str) -> Result<Self, String> {
+        let segments = pattern
+            .split('/')
+            .map(|s| {
+                if s == "**" {
+                    Ok(Segment::AnyDepth)
+                } else {
+                    Glob::new(s)
+                        .map(|g| Segment::Name(g.compile_matcher()))
+                        .map_err(|e| format!("invalid guardrail pattern '{pattern}': {e}"))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { segments })
+    }
+
+    pub fn matches(&self, entry: &Entry) -> bool {
+        let parts: Vec<&str> = if entry.path.is_empty() {
+            Vec::new()
+        } else {
+            entry.path.split('/').collect()
+        };
+        matches(&self.segments, &parts, entry.is_dir)
+    }
+
+    pub fn count(&self, entries: &[Entry]) -> usize {
+        entries.iter().filter(|e| self.matches(e)).count()
+    }
+}
+
+fn matches(pattern: &[Segment], path: &[&str], is_dir: bool) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((Segment::AnyDepth, rest)) => {
+            // Zero levels: the rest must match here; a trailing `**` matching zero levels is
+            // the base itself, which must be a directory.
+            let zero = if rest.is_empty() {
+                path.is_empty() && is_dir
+            } else {
+                matches(rest, path, is_dir)
+            };
+            zero || (!path.is_empty()
+                && (matches(pattern, &path[1..], is_dir) || (rest.is_empty() && path.len() == 1)))
+        }
+        Some((Segment::Name(m), rest)) => match path.split_first() {
+            Some((first, tail)) => m.is_match(first) && matches(rest, tail, is_dir),
+            None => false,
+        },
+    }
+}
+
+/// Run one phase's guardrails in order; the first failure's message is returned.
+pub fn check(phase: &str, guardrails: &[Guardrail], root: &Path) -> Result<(), String> {
+    if guardrails.is_empty() {
+        return Ok(());
+    }
+    let mut entries: Option<Vec<Entry>> = None;
+    for g in guardrails {
+        let name = g.kind.message_name();
+        let path = &g.path;
+        match g.kind {
+            GuardrailKind::RequireFile => {
+                if !root.join(path).is_file() {
+                    return Err(format!(
+                        "{phase} guardrail {name}('{path}') did not find a file"
+                    ));
+                }
+            }
+            GuardrailKind::RequireDir => {
+                if !root.join(path).is_dir() {
+                    return Err(format!(
+                        "{phase} guardrail {name}('{path}') did not find a directory"
+                    ));
+                }
+            }
+            GuardrailKind::RequireGlob | GuardrailKind::ForbidGlob => {
+                if entries.is_none() {
+                    entries = Some(walk(root).map_err(|e| {
+                        format!(
+                            "{phase} guardrail {name}('{path}') could not read the workspace: {e}"
+                        )
+                    })?);
+                }
+                let n = Pattern::new(path)?.count(entries.as_deref().unwrap_or_default());
+                if g.kind == GuardrailKind::ForbidGlob {
+                    if n > 0 {
+                        return Err(format!(
+                            "{phase} guardrail {name}('{path}') matched {n} files"
+                        ));
+                    }
+                    continue;
+                }
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                let min = g.min_count.unwrap_or(1);
+                if n < min {
+                    return Err(format!(
+                        "{phase} guardrail {name}('{path}') matched {n} files; min_count={min}"
+                    ));
+                }
+                if let Some(max) = g.max_count
+                    && n > max
+                {
+                    return Err(format!(
+                        "{phase} guardrail {name}('{path}') matched {n} files; max_count={max}"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's tree: raw/a.parquet, raw/.dot, raw/sub/b.parquet, raw/sub/deep/c.txt,
+    /// .hidden, features/, linkdir -> raw.
+    fn tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        std::fs::create_dir_all(r.join("raw/sub/deep")).unwrap();
+        std::fs::create_dir_all(r.join("features")).unwrap();
+        for f in [
+            "raw/a.parquet",
+            "raw/.dot",
+            "raw/sub/b.parquet",
+            "raw/sub/deep/c.txt",
+            ".hidden",
+        ] {
+            std::fs::write(r.join(f), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink("raw", r.join("linkdir")).unwrap();
+        t
+    }
+
+    fn matched(pattern: &str, entries: &[Entry]) -> Vec<String> {
+        let p = Pattern::new(pattern).unwrap();
+        entries
+            .iter()
+            .filter(|e| p.matches(e))
+            .map(|e| {
+                if e.path.is_empty() {
+                    ".".into()
+                } else {
+                    e.path.clone()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn glob_semantics_match_the_reference_tree() {
+        let t = tree();
+        let entries = walk(t.path()).unwrap();
+        assert_eq!(
+            matched("raw/**", &entries),
+            [
+                "raw",
+                "raw/.dot",
+                "raw/a.parquet",
+                "raw/sub",
+                "raw/sub/b.parquet",
+                "raw/sub/deep",
+                "raw/sub/deep/c.txt"
+            ]
+        );
+        let all = matched("**", &entries);
+        assert_eq!(all.first().map(String::as_str), Some("."));
+        assert!(all.contains(&"linkdir".to_owned()));
+        assert!(
+            !all.iter().any(|p| p.starts_with("linkdir/")),
+            "** does not descend into symlinks"
+        );
+        assert_eq!(all.len(), entries.len());
+        assert_eq!(
+            matched("raw/**/*.parquet", &entries),
+            ["raw/a.parquet", "raw/sub/b.parquet"]
+        );
+        assert_eq!(
+            matched("*", &entries),
+            [".hidden", "features", "linkdir", "raw"]
+        );
+        assert_eq!(
+            matched("raw/*", &entries),
+            ["raw/.dot", "raw/a.parquet", "raw/sub"]
+        );
+        assert!(matched("RAW/*", &entries).is_empty(), "case-sensitive");
+        assert!(
+            matched("raw/a.parquet/**", &entries).is_empty(),
+            "a file is no base directory"
+        );
+    }
+
+    fn guardrail(kind: GuardrailKind, path: &str, min: Option<i64>, max: Option<i64>) -> Guardrail {
+        Guardrail {
+            kind,
+            path: path.into(),
+            min_count: min,
+            max_count: max,
+        }
+    }
+
+    #[test]
+    fn messages_and_order() {
+        let t = tree();
+        let r = t.path();
+        use GuardrailKind::*;
+        let cases = [
+            (
+                guardrail(RequireFile, "raw/missing", None, None),
+                "pre guardrail require_file('raw/missing') did not find a file",
+            ),
+            (
+                guardrail(RequireFile, "raw", None, None),
+                "pre guardrail require_file('raw') did not find a file",
+            ),
+            (
+                guardrail(RequireDir, "raw/a.parquet", None, None),
+                "pre guardrail require_dir('raw/a.parquet') did not find a directory",
+            ),
+            (
+                guardrail(RequireGlob, "raw/**/*.csv", None, None),
+                "pre guardrail require_glob('raw/**/*.csv') matched 0 files; min_count=1",
+            ),
+            (
+                guardrail(RequireGlob, "raw/**/*.parquet", None, Some(1)),
+                "pre guardrail require_glob('raw/**/*.parquet') matched 2 files; max_count=1",
+            ),
+            (
+                guardrail(ForbidGlob, "*", None, None),
+                "pre guardrail forbid_glob('*') matched 4 files",
+            ),
+        ];
+        for (g, message) in cases {
+            assert_eq!(check("pre", &[g], r).unwrap_err(), message);
+        }
+        let ok = [
+            guardrail(RequireFile, "linkdir/a.parquet", None, None),
+            guardrail(RequireDir, "features", None, None),
+            guardrail(RequireGlob, "features/*", Some(0), Some(0)),
+            guardrail(ForbidGlob, "**/*.csv", None, None),
+        ];
+        check("post", &ok, r).unwrap();
+        // The first failure wins.
+        let both = [
+            guardrail(RequireDir, "nope", None, None),
+            guardrail(RequireFile, "nope", None, None),
+        ];
+        assert!(check("post", &both, r).unwrap_err().contains("require_dir"));
+    }
+}

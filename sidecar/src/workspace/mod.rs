@@ -1,0 +1,7 @@
+//! The workspace transaction's building blocks: the workspace reference of the input and
+//! output, the download (projection of a lakeFS commit), guardrails and change detection.
+
+pub mod download;
+pub mod guardrails;
+pub mod input;
+pub mod snapshot;

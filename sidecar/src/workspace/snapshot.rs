@@ -1,0 +1,132 @@
+//! Change detection: an ordered list of `(path, kind, digest)` for every regular file (its
+//! sha256) and symlink (its target text) of the workspace. Directories are not recorded, so an
+//! empty directory is no change; rewriting the same bytes, or touching only mtime or
+//! permissions, is no change either.
+
+use std::io::Read;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use perago_api::paths::ATTEMPT_MARKER;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Symlink,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    pub path: String,
+    pub kind: Kind,
+    /// sha256 hex of a file; the target of a symlink.
+    pub digest: String,
+    pub size: u64,
+}
+
+pub type Snapshot = Vec<Item>;
+
+/// Take a snapshot; blocking (hashes every file), so run it off the async runtime.
+pub fn take(root: &Path) -> std::io::Result<Snapshot> {
+    let mut items = Vec::new();
+    let mut stack = vec![String::new()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(root.join(&dir))? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == ATTEMPT_MARKER {
+                continue;
+            }
+            let path = if dir.is_empty() {
+                name
+            } else {
+                format!("{dir}/{name}")
+            };
+            let kind = entry.file_type()?;
+            if kind.is_symlink() {
+                let target = std::fs::read_link(entry.path())?;
+                items.push(Item {
+                    path,
+                    kind: Kind::Symlink,
+                    digest: target.to_string_lossy().into_owned(),
+                    size: 0,
+                });
+            } else if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let (digest, size) = sha256_file(&entry.path())?;
+                items.push(Item {
+                    path,
+                    kind: Kind::File,
+                    digest,
+                    size,
+                });
+            }
+        }
+    }
+    items.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(items)
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buffer[..n]);
+    }
+    let digest = hasher.finalize();
+    Ok((digest.iter().map(|b| format!("{b:02x}")).collect(), size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_counts_as_a_change() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        std::fs::create_dir_all(r.join("a/b")).unwrap();
+        std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
+        std::fs::write(r.join(ATTEMPT_MARKER), b"{}").unwrap();
+        let before = take(r).unwrap();
+        assert_eq!(
+            before.len(),
+            1,
+            "the marker and directories are not recorded"
+        );
+        assert_eq!(before[0].size, 3);
+
+        std::fs::create_dir(r.join("empty")).unwrap();
+        std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
+        std::fs::write(r.join("a/").join(ATTEMPT_MARKER), b"changed").unwrap();
+        assert_eq!(
+            take(r).unwrap(),
+            before,
+            "empty dirs, same bytes and markers are no change"
+        );
+
+        std::fs::write(r.join("a/b/f.txt"), b"two").unwrap();
+        assert_ne!(take(r).unwrap(), before);
+        std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
+        std::os::unix::fs::symlink("a", r.join("link")).unwrap();
+        let with_link = take(r).unwrap();
+        assert_eq!(
+            with_link[1],
+            Item {
+                path: "link".into(),
+                kind: Kind::Symlink,
+                digest: "a".into(),
+                size: 0
+            }
+        );
+    }
+}
