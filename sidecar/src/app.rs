@@ -16,10 +16,12 @@ use crate::conductor::ConductorClient;
 use crate::config::Settings;
 use crate::execution;
 use crate::input::Schemas;
+use crate::lakefs::LakeFsClient;
 use crate::otlp::{self, Exporter};
 use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
+use crate::workspace::attempt::Transfers;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]
@@ -157,6 +159,44 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         None => None,
     };
     let instance_id = checked.instance_id.clone();
+    let (lakefs, transfers) = match (&contract.workspace, &checked.lakefs) {
+        (None, _) => (
+            None,
+            Transfers {
+                parallelism: 1,
+                object_timeout: Duration::from_secs(1),
+                merge_timeout: Duration::from_secs(1),
+            },
+        ),
+        (Some(_), None) => {
+            return Err(StartError(
+                "LakeFS config is required for workspace tasks".into(),
+            ));
+        }
+        (Some(_), Some(l)) => {
+            let client = LakeFsClient::new(
+                &l.endpoint,
+                &l.access_key_id,
+                &l.secret_access_key,
+                l.timeout,
+            )
+            .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
+            // A publish budget bounds the merge; otherwise the sidecar's default does.
+            let merge_timeout = contract
+                .publish_budget
+                .as_ref()
+                .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
+                .map_or(l.merge_timeout, Duration::from_secs);
+            (
+                Some(client),
+                Transfers {
+                    parallelism: l.parallelism,
+                    object_timeout: l.transfer_timeout,
+                    merge_timeout,
+                },
+            )
+        }
+    };
     let broker = Arc::new(Broker {
         contract,
         schemas,
@@ -165,6 +205,8 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         metrics: Arc::clone(&metrics),
         settings: checked,
         work_dir,
+        lakefs,
+        transfers,
     });
     broker.run(stop).await;
     if let Some((exporter, task)) = exporter {

@@ -17,9 +17,12 @@ use crate::conductor::{ConductorClient, ConductorError};
 use crate::config::Checked;
 use crate::execution::{self, ExecutionDir, Run};
 use crate::input::{self, Schemas};
+use crate::lakefs::LakeFsClient;
 use crate::outcome::Outcome;
 use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
+use crate::workspace::attempt::{Transfers, WorkspaceAttempt};
+use crate::workspace::input::WorkspaceRef;
 
 pub struct Broker {
     pub contract: TaskContract,
@@ -29,6 +32,9 @@ pub struct Broker {
     pub metrics: Arc<Metrics>,
     pub settings: Checked,
     pub work_dir: std::path::PathBuf,
+    /// Workspace tasks only.
+    pub lakefs: Option<LakeFsClient>,
+    pub transfers: Transfers,
 }
 
 /// `min(base × 2ⁿ, cap)`.
@@ -256,18 +262,20 @@ impl Broker {
     ) -> Outcome {
         let started = Instant::now();
         let accepted = input::accept(&self.contract, &snapshot.input_data).and_then(|accepted| {
-            if self.contract.is_workspace_task() {
-                // The workspace transaction is not part of this runtime yet.
-                return Err("workspace tasks are not supported by this sidecar version".to_owned());
-            }
-            self.schemas
-                .params(accepted.params, self.contract.strict_params)
+            let workspace = match (&self.contract.workspace, &accepted.workspace) {
+                (Some(_), Some(value)) => Some(WorkspaceRef::parse(value)?),
+                _ => None,
+            };
+            let params = self
+                .schemas
+                .params(accepted.params, self.contract.strict_params)?;
+            Ok((workspace, params))
         });
         self.metrics
             .phase_seconds
             .with_label_values(&["input"])
             .observe(started.elapsed().as_secs_f64());
-        let params = match accepted {
+        let (workspace, params) = match accepted {
             Ok(p) => p,
             Err(reason) => {
                 info!(phase = "input", reason = %reason, "input refused");
@@ -292,15 +300,27 @@ impl Broker {
                         .map(Duration::from_secs),
                     abandon,
                 };
-                let outcome =
-                    match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
+                let outcome = match (&workspace, &self.contract.workspace, &self.lakefs) {
+                    (Some(ws), Some(spec), Some(lakefs)) => {
+                        WorkspaceAttempt {
+                            lakefs,
+                            conductor: &self.conductor,
+                            spec,
+                            transfers: &self.transfers,
+                            worker_id: &self.settings.worker_id,
+                        }
+                        .run(&mut run, snapshot, &dir, ws, &params)
+                        .await
+                    }
+                    _ => match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
                         Ok(result) => {
                             let mut output = Map::new();
                             output.insert("result".into(), result);
                             Outcome::Completed(output)
                         }
                         Err(outcome) => outcome,
-                    };
+                    },
+                };
                 dir.cleanup();
                 outcome
             }

@@ -50,6 +50,33 @@ pub struct Settings {
     /// How long in-flight attempts may run after SIGTERM before they are given up (seconds).
     #[arg(long, env = "PERAGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
+    /// lakeFS endpoint (workspace tasks).
+    #[arg(long, env = "LAKECTL_SERVER_ENDPOINT_URL")]
+    pub lakefs_endpoint: Option<String>,
+    #[arg(
+        long,
+        env = "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+        hide_env_values = true
+    )]
+    pub lakefs_access_key_id: Option<String>,
+    #[arg(
+        long,
+        env = "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+        hide_env_values = true
+    )]
+    pub lakefs_secret_access_key: Option<String>,
+    /// Per-request timeout of lakeFS calls other than transfers and the merge (seconds).
+    #[arg(long, env = "PERAGO_LAKEFS_TIMEOUT_SECONDS", default_value_t = 30)]
+    pub lakefs_timeout_seconds: u64,
+    /// Timeout of one object download or upload (seconds).
+    #[arg(long, env = "PERAGO_TRANSFER_TIMEOUT_SECONDS", default_value_t = 900)]
+    pub transfer_timeout_seconds: u64,
+    /// Objects transferred at once.
+    #[arg(long, env = "PERAGO_TRANSFER_PARALLELISM", default_value_t = 16)]
+    pub transfer_parallelism: usize,
+    /// Timeout of the merge when the task has no publish budget (seconds).
+    #[arg(long, env = "PERAGO_MERGE_TIMEOUT_SECONDS", default_value_t = 300)]
+    pub merge_timeout_seconds: u64,
     /// Value of the `perago_instance_id` label of `runtime_busy_slots` (default: the pod name).
     #[arg(long, env = "PERAGO_INSTANCE_ID")]
     pub instance_id: Option<String>,
@@ -72,6 +99,27 @@ pub struct Checked {
     pub shutdown_grace: Duration,
     /// OTLP export of the task metrics, when `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set.
     pub otlp: Option<OtlpConfig>,
+    pub lakefs: Option<LakeFsSettings>,
+}
+
+#[derive(Clone)]
+pub struct LakeFsSettings {
+    pub endpoint: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub timeout: Duration,
+    pub transfer_timeout: Duration,
+    pub parallelism: usize,
+    pub merge_timeout: Duration,
+}
+
+impl std::fmt::Debug for LakeFsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LakeFsSettings")
+            .field("endpoint", &self.endpoint)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 fn set(value: Option<&String>) -> Option<String> {
@@ -128,6 +176,65 @@ impl Settings {
         if max.is_empty() || !max.chars().all(|c| c.is_ascii_digit()) {
             return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer".into());
         }
+        let lakefs_vars = [
+            (
+                "LAKECTL_SERVER_ENDPOINT_URL",
+                not_placeholder(
+                    "LAKECTL_SERVER_ENDPOINT_URL",
+                    set(self.lakefs_endpoint.as_ref()),
+                )?,
+            ),
+            (
+                "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+                not_placeholder(
+                    "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+                    set(self.lakefs_access_key_id.as_ref()),
+                )?,
+            ),
+            (
+                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+                not_placeholder(
+                    "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+                    set(self.lakefs_secret_access_key.as_ref()),
+                )?,
+            ),
+        ];
+        let missing: Vec<&str> = lakefs_vars
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        let lakefs = match missing.len() {
+            3 => None,
+            0 => {
+                let [
+                    (_, Some(endpoint)),
+                    (_, Some(access_key_id)),
+                    (_, Some(secret_access_key)),
+                ] = lakefs_vars
+                else {
+                    return Err("LakeFS config is incomplete".into());
+                };
+                if self.transfer_parallelism == 0 {
+                    return Err("PERAGO_TRANSFER_PARALLELISM must be greater than zero".into());
+                }
+                Some(LakeFsSettings {
+                    endpoint,
+                    access_key_id,
+                    secret_access_key,
+                    timeout: Duration::from_secs(self.lakefs_timeout_seconds.max(1)),
+                    transfer_timeout: Duration::from_secs(self.transfer_timeout_seconds.max(1)),
+                    parallelism: self.transfer_parallelism,
+                    merge_timeout: Duration::from_secs(self.merge_timeout_seconds.max(1)),
+                })
+            }
+            _ => {
+                return Err(format!(
+                    "LakeFS config is incomplete; missing {}",
+                    missing.join(", ")
+                ));
+            }
+        };
         let otlp = OtlpConfig::from_lookup(|name| std::env::var(name).ok())?;
         let instance_id = match set(self.instance_id.as_ref()) {
             Some(id)
@@ -176,6 +283,7 @@ impl Settings {
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(1)),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             otlp,
+            lakefs,
         })
     }
 }

@@ -463,6 +463,46 @@ impl LakeFsClient {
         Self::json(call, repository, branch, response).await
     }
 
+    /// Squash-merge `source` into `destination` with `metadata` on the merge commit; returns
+    /// the new commit. Never retried: a timeout leaves the outcome uncertain.
+    pub async fn squash_merge(
+        &self,
+        repository: &str,
+        source: &str,
+        destination: &str,
+        metadata: &BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<String, LakeFsError> {
+        let call = "merge";
+        let path = format!(
+            "/repositories/{}/refs/{}/merge/{}",
+            segment(repository),
+            segment(source),
+            segment(destination)
+        );
+        let body = json!({"metadata": metadata, "squash_merge": true});
+        let response = self
+            .once(
+                call,
+                repository,
+                destination,
+                self.request(Method::POST, &path, timeout).json(&body),
+            )
+            .await?;
+        let answer: Value = Self::json(call, repository, destination, response).await?;
+        answer
+            .get("reference")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| LakeFsError::Decode {
+                call,
+                repository: repository.to_owned(),
+                reference: destination.to_owned(),
+                detail: "the merge result has no reference".into(),
+            })
+    }
+
     pub async fn get_commit(
         &self,
         repository: &str,

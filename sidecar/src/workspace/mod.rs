@@ -1,7 +1,9 @@
 //! The workspace transaction's building blocks: the workspace reference of the input and
 //! output, the download (projection of a lakeFS commit), guardrails and change detection.
 
+pub mod attempt;
 pub mod download;
 pub mod guardrails;
 pub mod input;
+pub mod publish;
 pub mod snapshot;

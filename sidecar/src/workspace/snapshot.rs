@@ -22,6 +22,8 @@ pub struct Item {
     pub kind: Kind,
     /// sha256 hex of a file; the target of a symlink.
     pub digest: String,
+    /// MD5 hex of a file (what lakeFS reports as the checksum of uploaded objects).
+    pub md5: String,
     pub size: u64,
 }
 
@@ -50,16 +52,18 @@ pub fn take(root: &Path) -> std::io::Result<Snapshot> {
                     path,
                     kind: Kind::Symlink,
                     digest: target.to_string_lossy().into_owned(),
+                    md5: String::new(),
                     size: 0,
                 });
             } else if kind.is_dir() {
                 stack.push(path);
             } else if kind.is_file() {
-                let (digest, size) = sha256_file(&entry.path())?;
+                let (digest, md5, size) = hash_file(&entry.path())?;
                 items.push(Item {
                     path,
                     kind: Kind::File,
                     digest,
+                    md5,
                     size,
                 });
             }
@@ -69,9 +73,15 @@ pub fn take(root: &Path) -> std::io::Result<Snapshot> {
     Ok(items)
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 and MD5 in one pass, 1 MiB at a time.
+fn hash_file(path: &Path) -> std::io::Result<(String, String, u64)> {
     let mut file = std::fs::File::open(path)?;
     let mut hasher = Sha256::new();
+    let mut md5 = md5::Md5::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut size = 0u64;
     loop {
@@ -81,9 +91,9 @@ fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
         }
         size += n as u64;
         hasher.update(&buffer[..n]);
+        md5.update(&buffer[..n]);
     }
-    let digest = hasher.finalize();
-    Ok((digest.iter().map(|b| format!("{b:02x}")).collect(), size))
+    Ok((hex(&hasher.finalize()), hex(&md5.finalize()), size))
 }
 
 #[cfg(test)]
@@ -125,8 +135,13 @@ mod tests {
                 path: "link".into(),
                 kind: Kind::Symlink,
                 digest: "a".into(),
+                md5: String::new(),
                 size: 0
             }
+        );
+        assert_eq!(
+            with_link[0].md5, "f97c5d29941bfb1b2fdab0874906ab82",
+            "MD5 of 'one'"
         );
     }
 }

@@ -1,0 +1,327 @@
+//! One workspace attempt, in the seeds' order:
+//!
+//! download → pre guardrails → body → result → post guardrails → change detection →
+//! attempt fence 1 → publish fence (choose the base) → stage (Try) on that base →
+//! attempt fence 2 → head still equals the base → squash merge (Confirm) → cleanup (Cancel).
+//!
+//! Read-only tasks stop after the post guardrails and complete with the input ref. A writable
+//! attempt that changed nothing completes with the input ref when the head is still the input
+//! ref, and never creates an empty commit.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tracing::{info, warn};
+
+use perago_api::contract::ContractWorkspace;
+
+use crate::attempt::AttemptSnapshot;
+use crate::conductor::ConductorClient;
+use crate::execution::{self, ExecutionDir, Run};
+use crate::lakefs::LakeFsClient;
+use crate::outcome::Outcome;
+use crate::protocol::files;
+use crate::workspace::input::WorkspaceRef;
+use crate::workspace::publish::{self, PublishBase};
+use crate::workspace::{download, guardrails, snapshot};
+
+/// The lakeFS side of the runtime's settings.
+pub struct Transfers {
+    pub parallelism: usize,
+    pub object_timeout: Duration,
+    pub merge_timeout: Duration,
+}
+
+pub struct WorkspaceAttempt<'a> {
+    pub lakefs: &'a LakeFsClient,
+    pub conductor: &'a ConductorClient,
+    pub spec: &'a ContractWorkspace,
+    pub transfers: &'a Transfers,
+    /// The Conductor worker id the attempt was polled with.
+    pub worker_id: &'a str,
+}
+
+fn completed(ws: &WorkspaceRef, result: Value) -> Outcome {
+    let mut output = Map::new();
+    output.insert("workspace".into(), ws.to_value());
+    output.insert("result".into(), result);
+    Outcome::Completed(output)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("a workspace scan stopped: {e}"))?
+        .map_err(|e| format!("reading the workspace failed: {e}"))
+}
+
+impl WorkspaceAttempt<'_> {
+    /// The attempt fence: a fresh read of the task must show it still ours and running.
+    /// Stricter than the seeds by the worker id and poll count (Conductor can lease one task
+    /// id twice).
+    async fn attempt_fence(&self, polled: &AttemptSnapshot) -> Result<(), String> {
+        let fresh = self
+            .conductor
+            .task(&polled.task_id)
+            .await
+            .map_err(|e| format!("broker failed to reload attempt {}: {e}", polled.task_id))?;
+        let fresh = AttemptSnapshot::from_task(&fresh)
+            .map_err(|e| format!("broker failed to reload attempt {}: {e}", polled.task_id))?;
+        let same = fresh.status == "IN_PROGRESS"
+            && fresh.workflow_instance_id == polled.workflow_instance_id
+            && fresh.task_id == polled.task_id
+            && fresh.retry_count == polled.retry_count
+            && fresh.worker_id.as_deref() == Some(self.worker_id)
+            && (polled.poll_count.is_none() || fresh.poll_count == polled.poll_count);
+        if same {
+            Ok(())
+        } else {
+            info!(phase = "fence", status = %fresh.status, "stale attempt");
+            Err(polled.task_id.clone())
+        }
+    }
+
+    /// Run the attempt; the outcome carries `{workspace, result}` on success.
+    pub async fn run(
+        &self,
+        run: &mut Run<'_>,
+        snapshot: &AttemptSnapshot,
+        dir: &ExecutionDir,
+        ws: &WorkspaceRef,
+        params: &Value,
+    ) -> Outcome {
+        let root = dir.file(files::WORKSPACE);
+        if let Err(e) = tokio::fs::create_dir(&root).await {
+            return Outcome::failed(format!("creating {} failed: {e}", root.display()));
+        }
+        let prefix = self.spec.prefix.as_str();
+
+        // Download the input ref.
+        let started = Instant::now();
+        let downloaded = download::download(
+            self.lakefs,
+            &ws.repository,
+            &ws.reference,
+            prefix,
+            &root,
+            self.transfers.parallelism,
+            self.transfers.object_timeout,
+        )
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        let manifest = match downloaded {
+            Ok(m) => {
+                run.metrics
+                    .record_workspace_io("download", seconds, Some(m.bytes()));
+                m
+            }
+            Err(e) => {
+                run.metrics.record_workspace_io("download", seconds, None);
+                return Outcome::Failed(e);
+            }
+        };
+        info!(
+            phase = "download",
+            objects = manifest.objects.len(),
+            bytes = manifest.bytes(),
+            seconds,
+            "workspace downloaded"
+        );
+
+        if let Err(e) = guardrails::check("pre", &self.spec.pre, &root) {
+            return Outcome::Terminal(e);
+        }
+        let before = if self.spec.read_only {
+            None
+        } else {
+            let r = root.clone();
+            match blocking(move || snapshot::take(&r)).await {
+                Ok(s) => Some(s),
+                Err(e) => return Outcome::Failed(e),
+            }
+        };
+
+        let result = match execution::run_body(run, snapshot, dir, params, Some(&root)).await {
+            Ok(r) => r,
+            Err(outcome) => return outcome,
+        };
+        if let Err(e) = guardrails::check("post", &self.spec.post, &root) {
+            return Outcome::Failed(e);
+        }
+        let Some(before) = before else {
+            return completed(ws, result);
+        };
+
+        let r = root.clone();
+        let after = match blocking(move || snapshot::take(&r)).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::Failed(e),
+        };
+        let changed = after != before;
+        if let Err(reason) = self.attempt_fence(snapshot).await {
+            return Outcome::Failed(reason);
+        }
+        let logical_key = snapshot.logical_task_key();
+        let base = match publish::publish_fence(self.lakefs, ws, &logical_key).await {
+            Ok(b) => b,
+            Err(e) => return Outcome::Failed(e),
+        };
+        if !changed && base.supersedes.is_none() {
+            info!(
+                phase = "publish",
+                "workspace unchanged; completing with the input ref"
+            );
+            return completed(ws, result);
+        }
+        let mut staging = Staging { branch: None };
+        let outcome = self
+            .publish(
+                run,
+                snapshot,
+                ws,
+                &root,
+                &after,
+                &base,
+                result,
+                &mut staging,
+            )
+            .await;
+        staging.cleanup(self.lakefs, &ws.repository).await;
+        outcome
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &self,
+        run: &mut Run<'_>,
+        snapshot: &AttemptSnapshot,
+        ws: &WorkspaceRef,
+        root: &Path,
+        workspace: &snapshot::Snapshot,
+        base: &PublishBase,
+        result: Value,
+        staging: &mut Staging,
+    ) -> Outcome {
+        let prefix = self.spec.prefix.as_str();
+        let started = Instant::now();
+        let base_objects =
+            match publish::base_objects(self.lakefs, &ws.repository, &base.base, prefix).await {
+                Ok(o) => o,
+                Err(e) => return Outcome::Failed(e),
+            };
+        let plan = match publish::plan(workspace, &base_objects, prefix) {
+            Ok(p) => p,
+            Err(e) => return Outcome::Failed(e),
+        };
+        if plan.uploads.is_empty() && plan.deletes.is_empty() {
+            // The base (an earlier publication of this step) already holds exactly this
+            // workspace: nothing to stage, nothing to merge.
+            info!(phase = "publish", base = %base.base, "the base already holds this workspace");
+            return completed(&ws.at(&base.base), result);
+        }
+        let branch = publish::staging_branch(snapshot, run.execution_id);
+        if let Err(e) = self
+            .lakefs
+            .create_branch(&ws.repository, &branch, &base.base)
+            .await
+        {
+            return Outcome::Failed(e.to_string());
+        }
+        staging.branch = Some(branch.clone());
+        let try_metadata = publish::try_metadata(snapshot, ws, prefix);
+        let applied = publish::apply(
+            self.lakefs,
+            &ws.repository,
+            &branch,
+            &plan,
+            root,
+            self.transfers.parallelism,
+            self.transfers.object_timeout,
+        )
+        .await;
+        if let Err(e) = applied {
+            run.metrics
+                .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
+            return Outcome::Failed(e);
+        }
+        let staging_commit = match self
+            .lakefs
+            .commit(&ws.repository, &branch, "perago try", &try_metadata)
+            .await
+        {
+            Ok(c) => c.id,
+            Err(e) => return Outcome::Failed(e.to_string()),
+        };
+        let total: u64 = workspace.iter().map(|i| i.size).sum();
+        run.metrics
+            .record_workspace_io("upload", started.elapsed().as_secs_f64(), Some(total));
+        info!(
+            phase = "stage",
+            staging_branch = %branch,
+            staging_commit = %staging_commit,
+            uploads = plan.uploads.len(),
+            deletes = plan.deletes.len(),
+            upload_bytes = plan.upload_bytes,
+            "workspace staged"
+        );
+
+        if let Err(reason) = self.attempt_fence(snapshot).await {
+            return Outcome::Failed(reason);
+        }
+        let started = Instant::now();
+        match self.lakefs.branch_head(&ws.repository, &ws.branch).await {
+            Ok(head) if head == base.base => {}
+            Ok(head) => {
+                return Outcome::Failed(format!(
+                    "{} advanced from {} to {head}",
+                    ws.branch, ws.reference
+                ));
+            }
+            Err(e) => return Outcome::Failed(e.to_string()),
+        }
+        let confirm = publish::confirm_metadata(&try_metadata, &branch, &staging_commit, base);
+        let merged = self
+            .lakefs
+            .squash_merge(
+                &ws.repository,
+                &branch,
+                &ws.branch,
+                &confirm,
+                self.transfers.merge_timeout,
+            )
+            .await;
+        run.metrics
+            .record_workspace_io("publish", started.elapsed().as_secs_f64(), None);
+        match merged {
+            Ok(reference) => {
+                info!(phase = "publish", reference = %reference, supersedes = base.supersedes.as_deref().unwrap_or(""), "workspace published");
+                completed(&ws.at(&reference), result)
+            }
+            Err(e) => {
+                if e.outcome_uncertain() {
+                    warn!(phase = "publish", error = %e, staging_commit = %staging_commit,
+                        "the merge outcome is uncertain; the next attempt's publish fence classifies the branch");
+                }
+                Outcome::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+/// The staging branch of an attempt, deleted whenever it was created.
+struct Staging {
+    branch: Option<String>,
+}
+
+impl Staging {
+    async fn cleanup(&self, lakefs: &LakeFsClient, repository: &str) {
+        if let Some(branch) = &self.branch
+            && let Err(e) = lakefs.delete_branch(repository, branch).await
+        {
+            warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace");
+        }
+    }
+}

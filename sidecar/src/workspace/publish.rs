@@ -1,0 +1,499 @@
+//! The try/confirm publication: staging branch names, the `perago.*` metadata, the publish
+//! fence (the seeds' metadata protocol), staging on the chosen base, and the squash merge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+use perago_api::paths::{listing_prefix, local_to_object_key, object_key_to_local};
+
+use crate::attempt::AttemptSnapshot;
+use crate::lakefs::{Commit, LakeFsClient};
+use crate::workspace::input::WorkspaceRef;
+use crate::workspace::snapshot::{Kind, Snapshot};
+
+/// Longest first-parent range the fence classifies.
+pub const PUBLISH_RANGE: usize = 1024;
+
+/// `[A-Za-z0-9_-]` kept, other runs become `-`, `-`/`_` trimmed; long segments are cut and
+/// keep a hash of the whole, so names stay unique and within lakeFS's limits.
+fn branch_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_run = false;
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            out.push(c);
+            in_run = false;
+        } else if !in_run {
+            out.push('-');
+            in_run = true;
+        }
+    }
+    let trimmed = out.trim_matches(|c| c == '-' || c == '_');
+    let segment = if trimmed.is_empty() || trimmed.starts_with('-') {
+        "unknown".to_owned()
+    } else {
+        trimmed.to_owned()
+    };
+    const MAX: usize = 48;
+    if segment.len() <= MAX {
+        return segment;
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    let short: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("{}-{short}", &segment[..MAX - 9])
+}
+
+/// `perago-staging-<wf>-<ref>-seq-<seq>-iteration-<i>-task-id-<id>-retry-<n>-exec-<exec>`.
+pub fn staging_branch(a: &AttemptSnapshot, execution_id: &str) -> String {
+    format!(
+        "perago-staging-{}-{}-seq-{}-iteration-{}-task-id-{}-retry-{}-exec-{}",
+        branch_segment(&a.workflow_instance_id),
+        branch_segment(&a.reference_task_name),
+        a.seq,
+        a.iteration,
+        branch_segment(&a.task_id),
+        a.retry_count,
+        branch_segment(execution_id)
+    )
+}
+
+/// The try metadata; the confirm metadata adds the staging and fence facts.
+pub fn try_metadata(
+    a: &AttemptSnapshot,
+    ws: &WorkspaceRef,
+    prefix: &str,
+) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        m.insert(format!("perago.{k}"), v);
+    };
+    put("phase", "try".into());
+    put("logical_task_key", a.logical_task_key());
+    put("workflow_instance_id", a.workflow_instance_id.clone());
+    put("task_def_name", a.task_def_name.clone());
+    put("reference_task_name", a.reference_task_name.clone());
+    put("seq", a.seq.to_string());
+    put("iteration", a.iteration.to_string());
+    put("input_ref", ws.reference.clone());
+    put("target_branch", ws.branch.clone());
+    put("prefix", prefix.to_owned());
+    put("task_id", a.task_id.clone());
+    put("retry_count", a.retry_count.to_string());
+    put(
+        "retried_task_id",
+        a.retried_task_id.clone().unwrap_or_default(),
+    );
+    m
+}
+
+pub fn confirm_metadata(
+    try_metadata: &BTreeMap<String, String>,
+    staging_branch: &str,
+    staging_commit: &str,
+    base: &PublishBase,
+) -> BTreeMap<String, String> {
+    let mut m = try_metadata.clone();
+    m.insert("perago.phase".into(), "confirm".into());
+    m.insert("perago.staging_branch".into(), staging_branch.into());
+    m.insert("perago.staging_commit".into(), staging_commit.into());
+    m.insert("perago.expected_head".into(), base.base.clone());
+    m.insert(
+        "perago.supersedes".into(),
+        base.supersedes.clone().unwrap_or_default(),
+    );
+    m
+}
+
+/// Where the publication goes on top of, as the fence chose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishBase {
+    pub base: String,
+    pub supersedes: Option<String>,
+}
+
+/// Classify the first-parent history from head `head` (newest first, as lakeFS returns it,
+/// stopping at the input ref inclusive). `more` says lakeFS had more commits to give.
+pub fn classify(
+    branch: &str,
+    input_ref: &str,
+    head: &str,
+    history: &[Commit],
+    more: bool,
+    logical_key: &str,
+) -> Result<PublishBase, String> {
+    if head == input_ref {
+        return Ok(PublishBase {
+            base: input_ref.to_owned(),
+            supersedes: None,
+        });
+    }
+    let reached = history.iter().position(|c| c.id == input_ref);
+    let range = match reached {
+        Some(i) if i > PUBLISH_RANGE => {
+            return Err(format!(
+                "{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)"
+            ));
+        }
+        Some(i) => &history[..i],
+        None if history.len() > PUBLISH_RANGE || more => {
+            return Err(format!(
+                "{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "{branch} no longer contains workspace input ref {input_ref}"
+            ));
+        }
+    };
+    let same_task = |c: &Commit| {
+        c.metadata.get("perago.phase").map(String::as_str) == Some("confirm")
+            && c.metadata
+                .get("perago.logical_task_key")
+                .map(String::as_str)
+                == Some(logical_key)
+    };
+    if range.first().is_some_and(|c| c.id == head) && range.iter().all(same_task) {
+        Ok(PublishBase {
+            base: head.to_owned(),
+            supersedes: Some(head.to_owned()),
+        })
+    } else {
+        Err(format!("{branch} advanced from {input_ref} to {head}"))
+    }
+}
+
+/// Read the target head and run the publish fence.
+pub async fn publish_fence(
+    client: &LakeFsClient,
+    ws: &WorkspaceRef,
+    logical_key: &str,
+) -> Result<PublishBase, String> {
+    let head = client
+        .branch_head(&ws.repository, &ws.branch)
+        .await
+        .map_err(|e| e.to_string())?;
+    if head == ws.reference {
+        return classify(&ws.branch, &ws.reference, &head, &[], false, logical_key);
+    }
+    // The range, plus the input ref itself, plus one to tell "over the bound" apart.
+    let (history, more) = client
+        .first_parent_log(&ws.repository, &head, &ws.reference, PUBLISH_RANGE + 2)
+        .await
+        .map_err(|e| e.to_string())?;
+    classify(
+        &ws.branch,
+        &ws.reference,
+        &head,
+        &history,
+        more,
+        logical_key,
+    )
+}
+
+/// What staging must change on the base to mirror the workspace.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StagePlan {
+    /// (object key, local relative path)
+    pub uploads: Vec<(String, String)>,
+    pub deletes: Vec<String>,
+    pub upload_bytes: u64,
+}
+
+/// Compare the workspace with the base's objects under the prefix (`base`: object key →
+/// checksum). Symlinks refuse publication. Only objects whose content differs are uploaded.
+pub fn plan(
+    workspace: &Snapshot,
+    base: &BTreeMap<String, String>,
+    prefix: &str,
+) -> Result<StagePlan, String> {
+    let mut plan = StagePlan::default();
+    let mut local_keys = BTreeSet::new();
+    for item in workspace {
+        if item.kind == Kind::Symlink {
+            return Err(format!(
+                "workspace publication does not support symlinks: {}",
+                item.path
+            ));
+        }
+        let key = local_to_object_key(&item.path, prefix)
+            .map_err(|e| format!("workspace path '{}' cannot be published: {e}", item.path))?;
+        if base.get(&key) != Some(&item.md5) {
+            plan.uploads.push((key.clone(), item.path.clone()));
+            plan.upload_bytes += item.size;
+        }
+        local_keys.insert(key);
+    }
+    plan.deletes = base
+        .keys()
+        .filter(|k| !local_keys.contains(*k))
+        .cloned()
+        .collect();
+    Ok(plan)
+}
+
+/// The base's visible objects under the prefix: object key → checksum.
+pub async fn base_objects(
+    client: &LakeFsClient,
+    repository: &str,
+    base: &str,
+    prefix: &str,
+) -> Result<BTreeMap<String, String>, String> {
+    let entries = client
+        .list_objects(repository, base, listing_prefix(prefix))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = BTreeMap::new();
+    for e in entries {
+        // Keys outside the prefix, marker files and keys the projection refuses are never
+        // touched by the mirror.
+        if let Ok(Some(_)) = object_key_to_local(&e.path, prefix) {
+            out.insert(e.path, e.checksum);
+        }
+    }
+    Ok(out)
+}
+
+/// Apply a plan to the staging branch (deletes, then uploads in parallel).
+pub async fn apply(
+    client: &LakeFsClient,
+    repository: &str,
+    staging: &str,
+    plan: &StagePlan,
+    workspace_dir: &Path,
+    parallelism: usize,
+    object_timeout: Duration,
+) -> Result<(), String> {
+    client
+        .delete_objects(repository, staging, &plan.deletes)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut uploads =
+        futures_util::stream::iter(plan.uploads.clone().into_iter().map(|(key, local)| {
+            let file = workspace_dir.join(local);
+            async move {
+                client
+                    .upload(repository, staging, &key, &file, object_timeout)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+        }))
+        .buffer_unordered(parallelism.max(1));
+    while let Some(done) = uploads.next().await {
+        done?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace::snapshot::Item;
+    use serde_json::json;
+
+    fn attempt(task_id: &str) -> AttemptSnapshot {
+        AttemptSnapshot::from_task(&json!({
+            "workflowInstanceId": "wf-7f3d", "taskId": task_id, "retryCount": 3, "taskDefName": "features.build",
+            "referenceTaskName": "build", "seq": 2, "status": "IN_PROGRESS", "inputData": {}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn staging_names_follow_the_reference_and_stay_bounded() {
+        assert_eq!(
+            staging_branch(&attempt("task/9b4c"), "exec-1"),
+            "perago-staging-wf-7f3d-build-seq-2-iteration-0-task-id-task-9b4c-retry-3-exec-exec-1"
+        );
+        assert_eq!(branch_segment("///"), "unknown");
+        assert_eq!(branch_segment("___"), "unknown");
+        assert_eq!(branch_segment("exec/42"), "exec-42");
+        let long = "x".repeat(300);
+        let a = branch_segment(&long);
+        let b = branch_segment(&format!("{long}y"));
+        assert_eq!(a.len(), 48);
+        assert_ne!(a, b, "cut segments keep a hash of the whole");
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        );
+    }
+
+    fn commit(id: &str, phase: &str, key: &str) -> Commit {
+        let mut metadata = BTreeMap::new();
+        if !phase.is_empty() {
+            metadata.insert("perago.phase".to_owned(), phase.to_owned());
+            metadata.insert("perago.logical_task_key".to_owned(), key.to_owned());
+        }
+        Commit {
+            id: id.into(),
+            parents: vec![],
+            message: String::new(),
+            metadata,
+        }
+    }
+
+    #[test]
+    fn the_fence_accepts_only_the_seeds_states() {
+        let k = "wf:build:0:features.build";
+        assert_eq!(
+            classify("main", "A", "A", &[], false, k).unwrap(),
+            PublishBase {
+                base: "A".into(),
+                supersedes: None
+            }
+        );
+        let chain = [
+            commit("H2", "confirm", k),
+            commit("H1", "confirm", k),
+            commit("A", "", ""),
+        ];
+        assert_eq!(
+            classify("main", "A", "H2", &chain, false, k).unwrap(),
+            PublishBase {
+                base: "H2".into(),
+                supersedes: Some("H2".into())
+            }
+        );
+        let foreign = [commit("H", "confirm", "other"), commit("A", "", "")];
+        assert_eq!(
+            classify("main", "A", "H", &foreign, false, k).unwrap_err(),
+            "main advanced from A to H"
+        );
+        let mixed = [
+            commit("H2", "confirm", k),
+            commit("H1", "", ""),
+            commit("A", "", ""),
+        ];
+        assert_eq!(
+            classify("main", "A", "H2", &mixed, false, k).unwrap_err(),
+            "main advanced from A to H2"
+        );
+        let try_commit = [commit("H", "try", k), commit("A", "", "")];
+        assert!(
+            classify("main", "A", "H", &try_commit, false, k).is_err(),
+            "only confirm commits count"
+        );
+        let lost = [commit("H", "confirm", k), commit("root", "", "")];
+        assert_eq!(
+            classify("main", "A", "H", &lost, false, k).unwrap_err(),
+            "main no longer contains workspace input ref A"
+        );
+        let mut long: Vec<Commit> = (0..=PUBLISH_RANGE)
+            .map(|i| commit(&format!("C{i}"), "confirm", k))
+            .collect();
+        long.push(commit("A", "", ""));
+        assert_eq!(
+            classify("main", "A", "C0", &long, false, k).unwrap_err(),
+            "main advanced beyond supported publish range (1024 commits)"
+        );
+        long.remove(0);
+        assert!(
+            classify("main", "A", "C1", &long, false, k).is_ok(),
+            "exactly 1024 is within range"
+        );
+        assert!(
+            classify("main", "A", "C1", &long[..10], true, k)
+                .unwrap_err()
+                .contains("beyond")
+        );
+    }
+
+    #[test]
+    fn staging_uploads_only_what_differs_and_mirrors_deletes() {
+        let item = |p: &str, md5: &str| Item {
+            path: p.into(),
+            kind: Kind::File,
+            digest: String::new(),
+            md5: md5.into(),
+            size: 10,
+        };
+        let workspace = vec![
+            item("a.txt", "m1"),
+            item("b.txt", "m2-new"),
+            item("new.txt", "m3"),
+        ];
+        let base = BTreeMap::from([
+            ("data/a.txt".to_owned(), "m1".to_owned()),
+            ("data/b.txt".to_owned(), "m2".to_owned()),
+            ("data/gone.txt".to_owned(), "m4".to_owned()),
+        ]);
+        let p = plan(&workspace, &base, "data").unwrap();
+        assert_eq!(
+            p.uploads,
+            [
+                ("data/b.txt".to_owned(), "b.txt".to_owned()),
+                ("data/new.txt".to_owned(), "new.txt".to_owned())
+            ]
+        );
+        assert_eq!(p.deletes, ["data/gone.txt"]);
+        assert_eq!(p.upload_bytes, 20);
+        let link = vec![Item {
+            path: "l".into(),
+            kind: Kind::Symlink,
+            digest: "a".into(),
+            md5: String::new(),
+            size: 0,
+        }];
+        assert_eq!(
+            plan(&link, &base, "data").unwrap_err(),
+            "workspace publication does not support symlinks: l"
+        );
+    }
+
+    #[test]
+    fn metadata_carries_every_key() {
+        let a = attempt("t1");
+        let ws = WorkspaceRef::parse(
+            &json!({"repository": "r", "branch": "main", "refType": "commit", "ref": "A"}),
+        )
+        .unwrap();
+        let t = try_metadata(&a, &ws, "data");
+        let c = confirm_metadata(
+            &t,
+            "perago-staging-x",
+            "S",
+            &PublishBase {
+                base: "A".into(),
+                supersedes: None,
+            },
+        );
+        let keys: Vec<&str> = c.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "perago.expected_head",
+                "perago.input_ref",
+                "perago.iteration",
+                "perago.logical_task_key",
+                "perago.phase",
+                "perago.prefix",
+                "perago.reference_task_name",
+                "perago.retried_task_id",
+                "perago.retry_count",
+                "perago.seq",
+                "perago.staging_branch",
+                "perago.staging_commit",
+                "perago.supersedes",
+                "perago.target_branch",
+                "perago.task_def_name",
+                "perago.task_id",
+                "perago.workflow_instance_id"
+            ]
+        );
+        assert_eq!(
+            (c["perago.phase"].as_str(), t["perago.phase"].as_str()),
+            ("confirm", "try")
+        );
+        assert_eq!(c["perago.supersedes"], "");
+        assert_eq!(
+            c["perago.logical_task_key"],
+            "wf-7f3d:build:0:features.build"
+        );
+    }
+}

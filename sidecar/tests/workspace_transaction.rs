@@ -1,0 +1,482 @@
+//! The workspace transaction against the real Conductor and lakeFS: a workflow is started,
+//! the local pod runs the attempt, and the final Conductor and lakeFS states are asserted,
+//! including that no staging branch is left behind.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use perago_api::{contract, manifest, taskdef};
+use perago_e2e::pod::{ConductorApi, Pod, PodBinaries, wait_file};
+use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
+use perago_e2e::{Selection, Services, shared};
+use perago_sidecar::lakefs::LakeFsClient;
+use serde_json::{Value, json};
+
+async fn services() -> &'static Services {
+    shared(Selection {
+        conductor: true,
+        lakefs: true,
+        ..Selection::default()
+    })
+    .await
+}
+
+struct Lake {
+    client: LakeFsClient,
+    endpoint: String,
+    http: reqwest::Client,
+}
+
+impl Lake {
+    async fn new() -> Self {
+        let endpoint = services().await.lakefs().endpoint.clone();
+        Self {
+            client: LakeFsClient::new(
+                &endpoint,
+                LAKEFS_ACCESS_KEY_ID,
+                LAKEFS_SECRET_ACCESS_KEY,
+                Duration::from_secs(30),
+            )
+            .unwrap(),
+            endpoint,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn api(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}/api/v1{path}", self.endpoint))
+            .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        assert!(status.is_success(), "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    }
+
+    /// A repository whose main holds `files`; returns (name, commit).
+    async fn repository(&self, name: &str, files: &[(&str, &str)]) -> (String, String) {
+        let repo = format!("{name}-{}", std::process::id());
+        self.api(
+            reqwest::Method::POST,
+            "/repositories",
+            Some(json!({"name": repo, "storage_namespace": format!("local://{repo}"), "default_branch": "main"})),
+        )
+        .await;
+        let commit = self.write(&repo, files, &[], "seed", BTreeMap::new()).await;
+        (repo, commit)
+    }
+
+    /// Upload and delete on main, commit; returns the commit.
+    async fn write(
+        &self,
+        repo: &str,
+        files: &[(&str, &str)],
+        deletes: &[&str],
+        message: &str,
+        metadata: BTreeMap<String, String>,
+    ) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        for (i, (key, text)) in files.iter().enumerate() {
+            let local = dir.path().join(i.to_string());
+            std::fs::write(&local, text).unwrap();
+            self.client
+                .upload(repo, "main", key, &local, Duration::from_secs(30))
+                .await
+                .unwrap();
+        }
+        let deletes: Vec<String> = deletes.iter().map(|d| (*d).to_owned()).collect();
+        self.client
+            .delete_objects(repo, "main", &deletes)
+            .await
+            .unwrap();
+        self.client
+            .commit(repo, "main", message, &metadata)
+            .await
+            .unwrap()
+            .id
+    }
+
+    async fn head(&self, repo: &str) -> String {
+        self.client.branch_head(repo, "main").await.unwrap()
+    }
+
+    /// Key → content of every object under `prefix` at `reference`.
+    async fn tree(&self, repo: &str, reference: &str, prefix: &str) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for e in self
+            .client
+            .list_objects(repo, reference, prefix)
+            .await
+            .unwrap()
+        {
+            let resp = self
+                .client
+                .get_object(repo, reference, &e.path, Duration::from_secs(30))
+                .await
+                .unwrap();
+            out.insert(e.path, resp.text().await.unwrap());
+        }
+        out
+    }
+
+    async fn branches(&self, repo: &str) -> Vec<String> {
+        let list = self
+            .api(
+                reqwest::Method::GET,
+                &format!("/repositories/{repo}/branches?amount=1000"),
+                None,
+            )
+            .await;
+        list["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    async fn assert_no_staging_branch(&self, repo: &str) {
+        assert_eq!(
+            self.branches(repo).await,
+            ["main"],
+            "no staging branch is left behind"
+        );
+    }
+}
+
+fn workspace(repo: &str, reference: &str) -> Value {
+    json!({"repository": repo, "branch": "main", "refType": "commit", "ref": reference})
+}
+
+/// Declare a workspace task, register its TaskDef, and start its pod with `body`.
+async fn task_pod(name: &str, workspace_spec: &str, body: &str) -> (ConductorApi, Pod) {
+    let services = services().await;
+    let yaml = format!(
+        r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {{name: t}}
+spec:
+  taskName: {name}
+  ownerEmail: e2e@example.com
+  workspace: {workspace_spec}
+  paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
+  resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
+  controls: {{retry: {{count: 0, delaySeconds: 0}}, timeout: {{responseSeconds: 30}}}}
+  executor: {{body: {{image: body, command: [sh]}}}}
+"#
+    );
+    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
+    perago_api::validate(&spec).unwrap();
+    let api = ConductorApi::new(&services.conductor().api_url);
+    api.call(
+        reqwest::Method::POST,
+        "/metadata/taskdefs",
+        Some(&json!([taskdef::render(&spec).unwrap()])),
+    )
+    .await;
+    let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
+    let lake = &services.lakefs().endpoint;
+    let bins = PodBinaries {
+        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
+        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
+    };
+    let env = [
+        ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
+        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
+        (
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+            LAKEFS_SECRET_ACCESS_KEY,
+        ),
+    ];
+    let pod = Pod::start(&bins, &api.base, &contract, body, &env).await;
+    (api, pod)
+}
+
+fn only_task(wf: &Value) -> &Value {
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "expected exactly one attempt: {wf}");
+    &tasks[0]
+}
+
+const COUNT_FILES: &str =
+    r#"printf '{"files": %d}' "$(find "$PERAGO_WORKSPACE" -type f | wc -l)" > "$PERAGO_RESULT""#;
+
+#[tokio::test]
+async fn a_changed_workspace_is_published_with_complete_metadata() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository(
+            "ws-publish",
+            &[
+                ("data/a.txt", "a"),
+                ("data/old.txt", "old"),
+                ("other/keep.txt", "keep"),
+            ],
+        )
+        .await;
+    let body = format!(
+        "echo new > \"$PERAGO_WORKSPACE/new.txt\"\nrm \"$PERAGO_WORKSPACE/old.txt\"\nmkdir -p \"$PERAGO_WORKSPACE/sub\"\necho deep > \"$PERAGO_WORKSPACE/sub/d.txt\"\n{COUNT_FILES}\n"
+    );
+    let (api, pod) = task_pod("ws.publish", "{prefix: /data}", &body).await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.publish",
+                "ok",
+                json!({"workspace": workspace(&repo, &input), "params": {"n": 1}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let head = lake.head(&repo).await;
+    assert_ne!(head, input);
+    assert_eq!(
+        t["outputData"],
+        json!({"workspace": workspace(&repo, &head), "result": {"files": 3}})
+    );
+    assert_eq!(
+        lake.tree(&repo, &head, "").await,
+        BTreeMap::from([
+            ("data/a.txt".to_owned(), "a".to_owned()),
+            ("data/new.txt".to_owned(), "new\n".to_owned()),
+            ("data/sub/d.txt".to_owned(), "deep\n".to_owned()),
+            ("other/keep.txt".to_owned(), "keep".to_owned()),
+        ]),
+        "the prefix mirrors the workspace (the deletion included); other keys are untouched"
+    );
+    let commit = lake.client.get_commit(&repo, &head).await.unwrap();
+    assert_eq!(
+        commit.parents,
+        vec![input.clone()],
+        "a squash merge: one parent"
+    );
+    let m = &commit.metadata;
+    let task_id = t["taskId"].as_str().unwrap();
+    for (key, value) in [
+        ("perago.phase", "confirm"),
+        ("perago.input_ref", input.as_str()),
+        ("perago.expected_head", input.as_str()),
+        ("perago.supersedes", ""),
+        ("perago.target_branch", "main"),
+        ("perago.prefix", "data"),
+        ("perago.task_id", task_id),
+        ("perago.retry_count", "0"),
+    ] {
+        assert_eq!(m.get(key).map(String::as_str), Some(value), "{key}: {m:?}");
+    }
+    let wf_id = wf["workflowId"].as_str().unwrap();
+    assert_eq!(
+        m["perago.logical_task_key"],
+        format!("{wf_id}:step:0:ws.publish")
+    );
+    let staging_commit = lake
+        .client
+        .get_commit(&repo, &m["perago.staging_commit"])
+        .await
+        .unwrap();
+    assert_eq!(staging_commit.metadata["perago.phase"], "try");
+    assert_eq!(staging_commit.message, "perago try");
+    assert!(m["perago.staging_branch"].starts_with("perago-staging-"));
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn read_only_and_unchanged_workspaces_complete_with_the_input_ref_and_write_nothing() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository("ws-noop", &[("a.txt", "a"), ("b/c.txt", "c")])
+        .await;
+    let body = format!(
+        "cat \"$PERAGO_WORKSPACE/a.txt\" > /dev/null\nmkdir \"$PERAGO_WORKSPACE/empty\"\n{COUNT_FILES}\n"
+    );
+    let (api, _pod) = task_pod("ws.noop", "{prefix: /}", &body).await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.noop",
+                "noop",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    assert_eq!(
+        only_task(&wf)["outputData"],
+        json!({"workspace": workspace(&repo, &input), "result": {"files": 2}}),
+        "{wf}"
+    );
+    let (api, _pod) = task_pod(
+        "ws.readonly",
+        "{prefix: /, readOnly: true}",
+        &format!("echo x > \"$PERAGO_WORKSPACE/a.txt\"\n{COUNT_FILES}\n"),
+    )
+    .await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.readonly",
+                "ro",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    assert_eq!(
+        only_task(&wf)["outputData"]["workspace"],
+        workspace(&repo, &input),
+        "{wf}"
+    );
+    assert_eq!(
+        lake.head(&repo).await,
+        input,
+        "no commit, empty or otherwise"
+    );
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn guardrails_and_symlinks_fail_without_touching_the_target() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-guard", &[("raw/a.csv", "a")]).await;
+    let spec = "{prefix: /, pre: [{kind: requireGlob, path: 'raw/**/*.parquet'}]}";
+    let (api, pod) = task_pod("ws.pre", spec, "touch \"$T/ran\"\n").await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.pre",
+                "pre",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED_WITH_TERMINAL_ERROR", "{wf}");
+    assert_eq!(
+        t["reasonForIncompletion"],
+        "pre guardrail require_glob('raw/**/*.parquet') matched 0 files; min_count=1"
+    );
+    assert!(!pod.path("ran").exists(), "the body never ran");
+
+    let spec = "{prefix: /, post: [{kind: requireFile, path: out/result.parquet}]}";
+    let (api, _pod) = task_pod(
+        "ws.post",
+        spec,
+        &format!("echo changed > \"$PERAGO_WORKSPACE/raw/a.csv\"\n{COUNT_FILES}\n"),
+    )
+    .await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.post",
+                "post",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(
+        (t["status"].as_str(), t["reasonForIncompletion"].as_str()),
+        (
+            Some("FAILED"),
+            Some("post guardrail require_file('out/result.parquet') did not find a file")
+        )
+    );
+
+    let (api, _pod) = task_pod(
+        "ws.symlink",
+        "{prefix: /}",
+        &format!("ln -s raw \"$PERAGO_WORKSPACE/link\"\n{COUNT_FILES}\n"),
+    )
+    .await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.symlink",
+                "link",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(
+        t["reasonForIncompletion"], "workspace publication does not support symlinks: link",
+        "{wf}"
+    );
+    assert_eq!(lake.head(&repo).await, input);
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn a_foreign_commit_on_the_target_fails_the_publication_closed() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-foreign", &[("a.txt", "a")]).await;
+    let body = format!(
+        "echo $$ > \"$T/started\"\nsleep 2\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
+    );
+    let (api, pod) = task_pod("ws.foreign", "{prefix: /}", &body).await;
+    let id = api
+        .start(
+            "ws.foreign",
+            "foreign",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    wait_file(&pod.path("started")).await;
+    let foreign = lake
+        .write(
+            &repo,
+            &[("x.txt", "someone else")],
+            &[],
+            "foreign",
+            BTreeMap::new(),
+        )
+        .await;
+    let wf = api.finished(&id).await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED");
+    assert_eq!(
+        t["reasonForIncompletion"],
+        format!("main advanced from {input} to {foreign}")
+    );
+    assert_eq!(lake.head(&repo).await, foreign, "the target is untouched");
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn malformed_workspace_input_is_refused_before_any_download() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-input", &[("a.txt", "a")]).await;
+    let (api, pod) = task_pod("ws.input", "{prefix: /}", "touch \"$T/ran\"\n").await;
+    let mut bad = workspace(&repo, &input);
+    bad["ref_type"] = json!("commit");
+    bad.as_object_mut().unwrap().remove("refType");
+    let cases = [
+        (json!({"workspace": bad, "params": {}}), "invalid workspace: workspace.ref_type: Extra inputs are not permitted; workspace.refType: Field required".to_owned()),
+        (json!({"params": {}}), "workspace task input must contain only workspace and params".to_owned()),
+        (json!({"workspace": workspace(&repo, "0000deadbeef"), "params": {}}), format!("lakeFS list objects on {repo}@0000deadbeef failed: HTTP 404 Not Found")),
+    ];
+    for (i, (input, reason)) in cases.into_iter().enumerate() {
+        let wf = api
+            .finished(&api.start("ws.input", &format!("c{i}"), input).await)
+            .await;
+        let got = only_task(&wf)["reasonForIncompletion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(got.starts_with(&reason), "{got}");
+    }
+    assert!(!pod.path("ran").exists());
+}
