@@ -163,6 +163,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         (None, _) => (
             None,
             Transfers {
+                fault: None,
                 parallelism: 1,
                 object_timeout: Duration::from_secs(1),
                 merge_timeout: Duration::from_secs(1),
@@ -190,6 +191,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
             (
                 Some(client),
                 Transfers {
+                    fault: l.fault.clone(),
                     parallelism: l.parallelism,
                     object_timeout: l.transfer_timeout,
                     merge_timeout,

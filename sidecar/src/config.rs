@@ -77,6 +77,10 @@ pub struct Settings {
     /// Timeout of the merge when the task has no publish budget (seconds).
     #[arg(long, env = "PERAGO_MERGE_TIMEOUT_SECONDS", default_value_t = 300)]
     pub merge_timeout_seconds: u64,
+    /// Testing only: exit abruptly at a crash point (`exit-after-body`, `exit-after-stage`,
+    /// `exit-after-merge`) to prove what a crash there leaves behind.
+    #[arg(long, env = "PERAGO_FAULT", hide = true)]
+    pub fault: Option<String>,
     /// Value of the `perago_instance_id` label of `runtime_busy_slots` (default: the pod name).
     #[arg(long, env = "PERAGO_INSTANCE_ID")]
     pub instance_id: Option<String>,
@@ -104,6 +108,7 @@ pub struct Checked {
 
 #[derive(Clone)]
 pub struct LakeFsSettings {
+    pub fault: Option<String>,
     pub endpoint: String,
     pub access_key_id: String,
     pub secret_access_key: String,
@@ -176,6 +181,15 @@ impl Settings {
         if max.is_empty() || !max.chars().all(|c| c.is_ascii_digit()) {
             return Err("PERAGO_FAILURE_REASON_MAX_LENGTH must be a positive integer".into());
         }
+        let fault = match self.fault.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(f @ ("exit-after-body" | "exit-after-stage" | "exit-after-merge")) => {
+                Some(f.to_owned())
+            }
+            Some(other) => {
+                return Err(format!("PERAGO_FAULT '{other}' is not a known crash point"));
+            }
+        };
         let lakefs_vars = [
             (
                 "LAKECTL_SERVER_ENDPOINT_URL",
@@ -219,6 +233,7 @@ impl Settings {
                     return Err("PERAGO_TRANSFER_PARALLELISM must be greater than zero".into());
                 }
                 Some(LakeFsSettings {
+                    fault,
                     endpoint,
                     access_key_id,
                     secret_access_key,

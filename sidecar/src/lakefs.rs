@@ -503,6 +503,40 @@ impl LakeFsClient {
             })
     }
 
+    /// Branch names starting with `prefix`.
+    pub async fn list_branches(
+        &self,
+        repository: &str,
+        prefix: &str,
+    ) -> Result<Vec<String>, LakeFsError> {
+        let call = "list branches";
+        let path = format!("/repositories/{}/branches", segment(repository));
+        let mut after = String::new();
+        let mut names = Vec::new();
+        loop {
+            let response = self
+                .idempotent(call, repository, prefix, || {
+                    self.request(Method::GET, &path, self.timeout).query(&[
+                        ("prefix", prefix),
+                        ("after", after.as_str()),
+                        ("amount", &PAGE.to_string()),
+                    ])
+                })
+                .await?;
+            let page: Page<Value> = Self::json(call, repository, prefix, response).await?;
+            names.extend(
+                page.results
+                    .iter()
+                    .filter_map(|b| b.get("id").and_then(Value::as_str))
+                    .map(str::to_owned),
+            );
+            if !page.pagination.has_more {
+                return Ok(names);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
     pub async fn get_commit(
         &self,
         repository: &str,

@@ -480,3 +480,287 @@ async fn malformed_workspace_input_is_refused_before_any_download() {
     }
     assert!(!pod.path("ran").exists());
 }
+
+/// Declare with custom controls (the other helper uses no retries).
+async fn task_pod_with(
+    name: &str,
+    workspace_spec: &str,
+    controls: &str,
+    body: &str,
+    extra_env: &[(&str, &str)],
+) -> (ConductorApi, Pod) {
+    let services = services().await;
+    let yaml = format!(
+        r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {{name: t}}
+spec:
+  taskName: {name}
+  ownerEmail: e2e@example.com
+  workspace: {workspace_spec}
+  paramsSchema: {{type: object}}
+  resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
+  controls: {controls}
+  executor: {{body: {{image: body, command: [sh]}}, slots: 2}}
+"#
+    );
+    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
+    perago_api::validate(&spec).unwrap();
+    let api = ConductorApi::new(&services.conductor().api_url);
+    api.call(
+        reqwest::Method::POST,
+        "/metadata/taskdefs",
+        Some(&json!([taskdef::render(&spec).unwrap()])),
+    )
+    .await;
+    let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
+    let lake = &services.lakefs().endpoint;
+    let bins = PodBinaries {
+        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
+        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
+    };
+    let mut env = vec![
+        ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
+        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
+        (
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+            LAKEFS_SECRET_ACCESS_KEY,
+        ),
+    ];
+    env.extend_from_slice(extra_env);
+    let pod = Pod::start(&bins, &api.base, &contract, body, &env).await;
+    (api, pod)
+}
+
+/// Writes different files on the first attempt and on its retry.
+const PER_ATTEMPT: &str = r#"
+if [ "$PERAGO_RETRY_COUNT" = 0 ]; then
+  echo first > "$PERAGO_WORKSPACE/shared.txt"; echo x > "$PERAGO_WORKSPACE/only-first.txt"
+else
+  echo second > "$PERAGO_WORKSPACE/shared.txt"; echo y > "$PERAGO_WORKSPACE/only-second.txt"
+fi
+printf '{"files": 0}' > "$PERAGO_RESULT"
+"#;
+
+#[tokio::test]
+async fn a_crash_after_merge_is_superseded_by_the_retry_and_the_prefix_equals_its_workspace() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-crash", &[("keep.txt", "keep")]).await;
+    let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2}}";
+    let (api, mut crashing) = task_pod_with(
+        "ws.crash",
+        "{prefix: /}",
+        controls,
+        PER_ATTEMPT,
+        &[("PERAGO_FAULT", "exit-after-merge")],
+    )
+    .await;
+    let id = api
+        .start(
+            "ws.crash",
+            "crash",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    let status = tokio::time::timeout(Duration::from_secs(60), crashing.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(86),
+        "the sidecar crashed after the merge:\n{}",
+        crashing.log()
+    );
+    let first = lake.head(&repo).await;
+    assert_ne!(first, input, "the first attempt's merge happened");
+    assert_eq!(
+        lake.branches(&repo).await.len(),
+        2,
+        "and its staging branch was left behind"
+    );
+
+    // A fresh pod takes the retry once Conductor has timed the first attempt out.
+    let (_, _pod) = task_pod_with("ws.crash", "{prefix: /}", controls, PER_ATTEMPT, &[]).await;
+    let started = std::time::Instant::now();
+    let wf = loop {
+        api.call(
+            reqwest::Method::PUT,
+            &format!("/workflow/decide/{id}"),
+            None,
+        )
+        .await;
+        let wf = api.workflow(&id).await;
+        if wf["status"] != "RUNNING" {
+            break wf;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no retry: {wf}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{wf}");
+    assert_eq!(tasks[1]["retryCount"], 1);
+    let head = lake.head(&repo).await;
+    assert_eq!(tasks[1]["outputData"]["workspace"]["ref"], head.as_str());
+    let commit = lake.client.get_commit(&repo, &head).await.unwrap();
+    assert_eq!(
+        commit.parents,
+        vec![first.clone()],
+        "published on top of the superseded commit"
+    );
+    assert_eq!(commit.metadata["perago.supersedes"], first);
+    assert_eq!(commit.metadata["perago.expected_head"], first);
+    assert_eq!(commit.metadata["perago.retry_count"], "1");
+    assert_eq!(
+        lake.client
+            .get_commit(&repo, &first)
+            .await
+            .unwrap()
+            .metadata["perago.logical_task_key"],
+        commit.metadata["perago.logical_task_key"]
+    );
+    assert_eq!(
+        lake.tree(&repo, &head, "").await,
+        BTreeMap::from([
+            ("keep.txt".to_owned(), "keep".to_owned()),
+            ("only-second.txt".to_owned(), "y\n".to_owned()),
+            ("shared.txt".to_owned(), "second\n".to_owned()),
+        ]),
+        "exactly the retry's workspace: the first attempt's own file is gone"
+    );
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn a_stale_attempt_is_fenced_and_the_retry_publishes_once() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-stale", &[("keep.txt", "keep")]).await;
+    let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let body = format!(
+        "if [ \"$PERAGO_RETRY_COUNT\" = 0 ]; then echo $$ > \"$T/first\"; while [ ! -f \"$T/go\" ]; do sleep 0.1; done; fi\n{PER_ATTEMPT}"
+    );
+    let (api, pod) = task_pod_with("ws.stale", "{prefix: /}", controls, &body, &[]).await;
+    let id = api
+        .start(
+            "ws.stale",
+            "stale",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    wait_file(&pod.path("first")).await;
+    // The attempt stops being current while its body runs (as a timeout would end it).
+    let wf = api.workflow(&id).await;
+    let first = wf["tasks"][0]["taskId"].as_str().unwrap().to_owned();
+    api.call(
+        reqwest::Method::POST,
+        "/tasks",
+        Some(&json!({"workflowInstanceId": id, "taskId": first, "status": "FAILED", "workerId": "operator", "reasonForIncompletion": "timed out"})),
+    )
+    .await;
+    let wf = api.finished(&id).await;
+    assert_eq!(
+        wf["status"], "COMPLETED",
+        "the retry completed on the second slot: {wf}"
+    );
+    let published = lake.head(&repo).await;
+    std::fs::write(pod.path("go"), "").unwrap();
+    // The stale attempt reaches its fence and gives up without publishing.
+    let started = std::time::Instant::now();
+    while !pod.log().contains(&format!("\"reason\":\"{first}\"")) {
+        assert!(started.elapsed() < Duration::from_secs(30), "{}", pod.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lake.head(&repo).await, published, "published once");
+    let log = lake
+        .client
+        .first_parent_log(&repo, &published, &input, 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(log.len(), 2, "one confirm commit above the input ref");
+    assert_eq!(log[0].metadata["perago.retry_count"], "1");
+    lake.assert_no_staging_branch(&repo).await;
+}
+
+#[tokio::test]
+async fn histories_the_fence_cannot_classify_fail_closed() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-range", &[("a.txt", "a")]).await;
+    let body = format!(
+        "while [ ! -f \"$T/go\" ]; do sleep 0.1; done\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
+    );
+    let (api, pod) = task_pod("ws.range", "{prefix: /}", &body).await;
+    let id = api
+        .start(
+            "ws.range",
+            "range",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    let key = format!("{id}:step:0:ws.range");
+    for i in 0..1025 {
+        lake.api(
+            reqwest::Method::POST,
+            &format!("/repositories/{repo}/branches/main/commits"),
+            Some(
+                json!({"message": format!("earlier publication {i}"), "allow_empty": true,
+                        "metadata": {"perago.phase": "confirm", "perago.logical_task_key": key}}),
+            ),
+        )
+        .await;
+    }
+    let head = lake.head(&repo).await;
+    std::fs::write(pod.path("go"), "").unwrap();
+    let wf = api.finished(&id).await;
+    assert_eq!(
+        only_task(&wf)["reasonForIncompletion"],
+        "main advanced beyond supported publish range (1024 commits)"
+    );
+    assert_eq!(lake.head(&repo).await, head);
+
+    // An input ref that is not in the target's history.
+    let (repo, input) = lake.repository("ws-lost", &[("a.txt", "a")]).await;
+    lake.client
+        .create_branch(&repo, "side", &input)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s"), "side").unwrap();
+    lake.client
+        .upload(
+            &repo,
+            "side",
+            "side.txt",
+            &dir.path().join("s"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let side = lake
+        .client
+        .commit(&repo, "side", "side", &BTreeMap::new())
+        .await
+        .unwrap()
+        .id;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.range",
+                "lost",
+                json!({"workspace": workspace(&repo, &side), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    assert_eq!(
+        only_task(&wf)["reasonForIncompletion"],
+        format!("main no longer contains workspace input ref {side}")
+    );
+    lake.client.delete_branch(&repo, "side").await.unwrap();
+    lake.assert_no_staging_branch(&repo).await;
+}

@@ -28,6 +28,8 @@ use crate::workspace::{download, guardrails, snapshot};
 
 /// The lakeFS side of the runtime's settings.
 pub struct Transfers {
+    /// Testing only: the crash point to exit at (see `PERAGO_FAULT`).
+    pub fault: Option<String>,
     pub parallelism: usize,
     pub object_timeout: Duration,
     pub merge_timeout: Duration,
@@ -40,6 +42,14 @@ pub struct WorkspaceAttempt<'a> {
     pub transfers: &'a Transfers,
     /// The Conductor worker id the attempt was polled with.
     pub worker_id: &'a str,
+}
+
+/// Exit at once if this crash point was asked for (tests of what a crash leaves behind).
+fn crash_point(transfers: &Transfers, point: &str) {
+    if transfers.fault.as_deref() == Some(point) {
+        tracing::error!(point, "fault injected: exiting without cleanup or report");
+        std::process::exit(86);
+    }
 }
 
 fn completed(ws: &WorkspaceRef, result: Value) -> Outcome {
@@ -151,6 +161,7 @@ impl WorkspaceAttempt<'_> {
         if let Err(e) = guardrails::check("post", &self.spec.post, &root) {
             return Outcome::Failed(e);
         }
+        crash_point(self.transfers, "exit-after-body");
         let Some(before) = before else {
             return completed(ws, result);
         };
@@ -268,6 +279,7 @@ impl WorkspaceAttempt<'_> {
             "workspace staged"
         );
 
+        crash_point(self.transfers, "exit-after-stage");
         if let Err(reason) = self.attempt_fence(snapshot).await {
             return Outcome::Failed(reason);
         }
@@ -297,6 +309,16 @@ impl WorkspaceAttempt<'_> {
             .record_workspace_io("publish", started.elapsed().as_secs_f64(), None);
         match merged {
             Ok(reference) => {
+                crash_point(self.transfers, "exit-after-merge");
+                let swept =
+                    publish::sweep_step_branches(self.lakefs, &ws.repository, snapshot, &branch)
+                        .await;
+                if swept > 0 {
+                    info!(
+                        removed_count = swept,
+                        "removed staging branches earlier attempts of this step left behind"
+                    );
+                }
                 info!(phase = "publish", reference = %reference, supersedes = base.supersedes.as_deref().unwrap_or(""), "workspace published");
                 completed(&ws.at(&reference), result)
             }

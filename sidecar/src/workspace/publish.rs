@@ -61,6 +61,46 @@ pub fn staging_branch(a: &AttemptSnapshot, execution_id: &str) -> String {
     )
 }
 
+/// The start every staging branch of this workflow step shares, whatever the attempt.
+pub fn step_branch_prefix(a: &AttemptSnapshot) -> String {
+    format!(
+        "perago-staging-{}-{}-seq-",
+        branch_segment(&a.workflow_instance_id),
+        branch_segment(&a.reference_task_name)
+    )
+}
+
+/// Delete staging branches earlier attempts of this step left behind (a crash between stage
+/// and cleanup). Called once this attempt has published: those attempts are over. Errors are
+/// logged, never returned.
+pub async fn sweep_step_branches(
+    client: &LakeFsClient,
+    repository: &str,
+    a: &AttemptSnapshot,
+    ours: &str,
+) -> usize {
+    let names = match client
+        .list_branches(repository, &step_branch_prefix(a))
+        .await
+    {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing leftover staging branches failed");
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for name in names.iter().filter(|n| n.as_str() != ours) {
+        match client.delete_branch(repository, name).await {
+            Ok(()) => removed += 1,
+            Err(e) => {
+                tracing::warn!(staging_branch = %name, error = %e, "failed to clean staging workspace")
+            }
+        }
+    }
+    removed
+}
+
 /// The try metadata; the confirm metadata adds the staging and fence facts.
 pub fn try_metadata(
     a: &AttemptSnapshot,
@@ -313,6 +353,9 @@ mod tests {
         assert_eq!(branch_segment("///"), "unknown");
         assert_eq!(branch_segment("___"), "unknown");
         assert_eq!(branch_segment("exec/42"), "exec-42");
+        assert!(
+            staging_branch(&attempt("t"), "e").starts_with(&step_branch_prefix(&attempt("other")))
+        );
         let long = "x".repeat(300);
         let a = branch_segment(&long);
         let b = branch_segment(&format!("{long}y"));
