@@ -78,7 +78,9 @@ pub struct Settings {
     #[arg(long, env = "PERAGO_MERGE_TIMEOUT_SECONDS", default_value_t = 300)]
     pub merge_timeout_seconds: u64,
     /// Testing only: exit abruptly at a crash point (`exit-after-body`, `exit-after-stage`,
-    /// `exit-after-merge`) to prove what a crash there leaves behind.
+    /// `exit-after-merge`) to prove what a crash there leaves behind, or hold before the merge
+    /// (`pause-before-merge`) until the file `paused-before-merge` in the work directory is
+    /// removed.
     #[arg(long, env = "PERAGO_FAULT", hide = true)]
     pub fault: Option<String>,
     /// Value of the `perago_instance_id` label of `runtime_busy_slots` (default: the pod name).
@@ -183,9 +185,10 @@ impl Settings {
         }
         let fault = match self.fault.as_deref().map(str::trim) {
             None | Some("") => None,
-            Some(f @ ("exit-after-body" | "exit-after-stage" | "exit-after-merge")) => {
-                Some(f.to_owned())
-            }
+            Some(
+                f @ ("exit-after-body" | "exit-after-stage" | "exit-after-merge"
+                | "pause-before-merge"),
+            ) => Some(f.to_owned()),
             Some(other) => {
                 return Err(format!("PERAGO_FAULT '{other}' is not a known crash point"));
             }

@@ -764,3 +764,84 @@ async fn histories_the_fence_cannot_classify_fail_closed() {
     lake.client.delete_branch(&repo, "side").await.unwrap();
     lake.assert_no_staging_branch(&repo).await;
 }
+
+/// The opt-in hard fence: with the pre-merge action installed, a branch that moves between the
+/// publish fence and the merge makes lakeFS refuse the merge; without it the merge would land
+/// on the moved head (the soft fence's window).
+#[tokio::test]
+async fn the_hard_fence_refuses_a_concurrent_advancement() {
+    let lake = Lake::new().await;
+    let hook = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/lakefs/perago-hard-fence.yaml"
+    ))
+    .unwrap();
+    let body = format!("echo b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n");
+    let (api, pod) = task_pod_with(
+        "ws.hardfence",
+        "{prefix: /}",
+        "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}",
+        &body,
+        &[("PERAGO_FAULT", "pause-before-merge")],
+    )
+    .await;
+    let paused = pod.path("work/paused-before-merge");
+    for (guarded, case) in [(true, "guarded"), (false, "unguarded")] {
+        let mut files = vec![("a.txt", "a")];
+        if guarded {
+            files.push(("_lakefs_actions/perago-hard-fence.yaml", hook.as_str()));
+        }
+        let (repo, input) = lake.repository(&format!("ws-hard-{case}"), &files).await;
+        let id = api
+            .start(
+                "ws.hardfence",
+                case,
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await;
+        wait_file_exists(&paused).await;
+        let foreign = lake
+            .write(
+                &repo,
+                &[("x.txt", "concurrent writer")],
+                &[],
+                "concurrent",
+                BTreeMap::new(),
+            )
+            .await;
+        std::fs::remove_file(&paused).unwrap();
+        let wf = api.finished(&id).await;
+        let t = only_task(&wf);
+        if guarded {
+            assert_eq!(t["status"], "FAILED", "{wf}");
+            let reason = t["reasonForIncompletion"].as_str().unwrap();
+            assert!(
+                reason.starts_with(&format!("lakeFS merge on {repo}@main failed: HTTP 412")),
+                "{reason}"
+            );
+            assert!(reason.contains("perago hard fence"), "{reason}");
+            assert_eq!(lake.head(&repo).await, foreign, "the target is untouched");
+            assert_eq!(t["outputData"]["result"]["files"], Value::Null);
+        } else {
+            assert_eq!(t["status"], "COMPLETED", "{wf}");
+            let head = lake.head(&repo).await;
+            assert_eq!(
+                lake.client.get_commit(&repo, &head).await.unwrap().parents,
+                vec![foreign.clone()]
+            );
+        }
+        lake.assert_no_staging_branch(&repo).await;
+    }
+}
+
+async fn wait_file_exists(path: &std::path::Path) {
+    let started = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

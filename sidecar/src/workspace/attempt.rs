@@ -52,6 +52,28 @@ fn crash_point(transfers: &Transfers, point: &str) {
     }
 }
 
+/// Hold until the marker file is removed (tests of the window between fence and merge).
+async fn pause_point(transfers: &Transfers, point: &str, work_dir: &Path) {
+    if transfers.fault.as_deref() != Some(point) {
+        return;
+    }
+    let marker = work_dir.join("paused-before-merge");
+    if std::fs::write(&marker, b"").is_err() {
+        return;
+    }
+    tracing::warn!(
+        point,
+        "fault injected: holding until {} is removed",
+        marker.display()
+    );
+    for _ in 0..1200 {
+        if !marker.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn completed(ws: &WorkspaceRef, result: Value) -> Outcome {
     let mut output = Map::new();
     output.insert("workspace".into(), ws.to_value());
@@ -293,6 +315,9 @@ impl WorkspaceAttempt<'_> {
                 ));
             }
             Err(e) => return Outcome::Failed(e.to_string()),
+        }
+        if let Some(work_dir) = root.parent().and_then(Path::parent).and_then(Path::parent) {
+            pause_point(self.transfers, "pause-before-merge", work_dir).await;
         }
         let confirm = publish::confirm_metadata(&try_metadata, &branch, &staging_commit, base);
         let merged = self

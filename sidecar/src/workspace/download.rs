@@ -27,6 +27,15 @@ impl Manifest {
     }
 }
 
+/// lakeFS action files (`_lakefs_actions/` at the repository root) are the repository's
+/// configuration, not workspace data: never projected, uploaded or deleted, so a task whose
+/// prefix is the root cannot remove the hard fence by mirroring its workspace.
+pub const ACTIONS_DIR: &str = "_lakefs_actions/";
+
+pub fn is_reserved(key: &str, prefix: &str) -> bool {
+    prefix == perago_api::paths::ROOT_PREFIX && key.starts_with(ACTIONS_DIR)
+}
+
 /// The local paths of a listing, in sorted key order, refusing hostile keys and
 /// file-versus-directory collisions (keys `a` and `a/b`).
 pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, ObjectEntry)>, String> {
@@ -34,6 +43,9 @@ pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, Object
     sorted.sort_by(|a, b| a.path.cmp(&b.path));
     let mut out = Vec::with_capacity(sorted.len());
     for entry in sorted {
+        if is_reserved(&entry.path, prefix) {
+            continue;
+        }
         match object_key_to_local(&entry.path, prefix) {
             Ok(Some(local)) => out.push((local, entry.clone())),
             Ok(None) => {}

@@ -12,6 +12,7 @@ use perago_api::paths::{listing_prefix, local_to_object_key, object_key_to_local
 
 use crate::attempt::AttemptSnapshot;
 use crate::lakefs::{Commit, LakeFsClient};
+use crate::workspace::download;
 use crate::workspace::input::WorkspaceRef;
 use crate::workspace::snapshot::{Kind, Snapshot};
 
@@ -262,6 +263,13 @@ pub fn plan(
         }
         let key = local_to_object_key(&item.path, prefix)
             .map_err(|e| format!("workspace path '{}' cannot be published: {e}", item.path))?;
+        if download::is_reserved(&key, prefix) {
+            return Err(format!(
+                "workspace path '{}' cannot be published: {} is reserved for lakeFS actions",
+                item.path,
+                download::ACTIONS_DIR
+            ));
+        }
         if base.get(&key) != Some(&item.md5) {
             plan.uploads.push((key.clone(), item.path.clone()));
             plan.upload_bytes += item.size;
@@ -291,6 +299,9 @@ pub async fn base_objects(
     for e in entries {
         // Keys outside the prefix, marker files and keys the projection refuses are never
         // touched by the mirror.
+        if download::is_reserved(&e.path, prefix) {
+            continue;
+        }
         if let Ok(Some(_)) = object_key_to_local(&e.path, prefix) {
             out.insert(e.path, e.checksum);
         }
