@@ -23,7 +23,7 @@ test: obtain
 
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain
-	$(CARGO) bench -p perago-sidecar --bench runtime
+	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
 
 lint:
 	$(CARGO) fmt --all --check
