@@ -20,7 +20,10 @@ use perago_sidecar::workspace::{download, publish, snapshot};
 use serde_json::json;
 
 fn parallelism() -> usize {
-    std::env::var("PERAGO_BENCH_PARALLELISM").ok().and_then(|v| v.parse().ok()).unwrap_or(16)
+    std::env::var("PERAGO_BENCH_PARALLELISM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16)
 }
 const TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -213,7 +216,10 @@ async fn main() {
     .await;
     let after = peak_rss_mb();
 
-    println!("lakeFS on this machine (local blockstore), transfer parallelism {}", parallelism());
+    println!(
+        "lakeFS on this machine (local blockstore), transfer parallelism {}",
+        parallelism()
+    );
     print("2,000 files x 1 KB, 1% changed", &small);
     println!(
         "  download one at a time {sequential:.2} s vs parallel {:.2} s: {:.1}x (target >= 4x: {})",

@@ -845,3 +845,71 @@ async fn wait_file_exists(path: &std::path::Path) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A merge slower than the publish budget's merge timeout: the attempt fails with an uncertain
+/// outcome, and the retry's publish fence classifies the branch whatever the first merge did.
+#[tokio::test]
+async fn a_merge_timeout_is_uncertain_and_the_retry_classifies_the_branch() {
+    let lake = Lake::new().await;
+    // A pre-merge action that is slow for first attempts only.
+    let slow = r#"name: slow-first-merge
+on:
+  pre-merge:
+    branches: [main]
+hooks:
+  - id: slow
+    type: lua
+    properties:
+      script: |
+        if action.commit.metadata["perago.retry_count"] == "0" then
+          local x = 0
+          for i = 1, 60000000 do x = x + i end
+        end
+"#;
+    let (repo, input) = lake
+        .repository(
+            "ws-timeout",
+            &[("keep.txt", "keep"), ("_lakefs_actions/slow.yaml", slow)],
+        )
+        .await;
+    let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 30}, publishBudget: {observedMergeP99Seconds: 0, safetyMarginSeconds: 0, lakefsMergeTimeoutSeconds: 1, conductorCompletionTimeoutSeconds: 5, workerShutdownGraceSeconds: 5, heartbeatIntervalSeconds: 5}}";
+    let (api, pod) = task_pod_with("ws.timeout", "{prefix: /}", controls, PER_ATTEMPT, &[]).await;
+    let id = api
+        .start(
+            "ws.timeout",
+            "timeout",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    let wf = api.finished(&id).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{wf}");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("lakeFS merge on {repo}@main failed: ")),
+        "{reason}"
+    );
+    assert!(
+        pod.log().contains("the merge outcome is uncertain"),
+        "{}",
+        pod.log()
+    );
+    let head = lake.head(&repo).await;
+    let commit = lake.client.get_commit(&repo, &head).await.unwrap();
+    assert_eq!(commit.metadata["perago.retry_count"], "1");
+    // Whether the first merge landed decides the base the retry chose; both are classified.
+    let first_landed = commit.parents[0] != input;
+    if first_landed {
+        assert_eq!(commit.metadata["perago.supersedes"], commit.parents[0]);
+    } else {
+        assert_eq!(commit.metadata["perago.supersedes"], "");
+    }
+    let tree = lake.tree(&repo, &head, "").await;
+    assert_eq!(tree.get("shared.txt").map(String::as_str), Some("second\n"));
+    assert!(
+        !tree.contains_key("only-first.txt"),
+        "the prefix equals the retry's workspace: {tree:?}"
+    );
+    println!("first merge landed despite the timeout: {first_landed}");
+}
