@@ -308,6 +308,7 @@ impl Broker {
                             spec,
                             transfers: &self.transfers,
                             worker_id: &self.settings.worker_id,
+                            work_dir: &self.work_dir,
                         }
                         .run(&mut run, snapshot, &dir, ws, &params)
                         .await

@@ -42,6 +42,8 @@ pub struct WorkspaceAttempt<'a> {
     pub transfers: &'a Transfers,
     /// The Conductor worker id the attempt was polled with.
     pub worker_id: &'a str,
+    /// The shared work volume (for the test-only pause point).
+    pub work_dir: &'a Path,
 }
 
 /// Exit at once if this crash point was asked for (tests of what a crash leaves behind).
@@ -316,9 +318,7 @@ impl WorkspaceAttempt<'_> {
             }
             Err(e) => return Outcome::Failed(e.to_string()),
         }
-        if let Some(work_dir) = root.parent().and_then(Path::parent).and_then(Path::parent) {
-            pause_point(self.transfers, "pause-before-merge", work_dir).await;
-        }
+        pause_point(self.transfers, "pause-before-merge", self.work_dir).await;
         let confirm = publish::confirm_metadata(&try_metadata, &branch, &staging_commit, base);
         let merged = self
             .lakefs
