@@ -56,6 +56,28 @@ pub fn read_contract(path: &Path) -> Result<TaskContract, StartError> {
     Ok(contract)
 }
 
+/// Copy the `perago-runner` next to this binary to `to` (executable by every user of the pod).
+pub fn install_runner(to: &Path) -> Result<(), StartError> {
+    use std::os::unix::fs::PermissionsExt;
+    let from = std::env::current_exe()
+        .map_err(|e| StartError(format!("locating perago-runner failed: {e}")))?
+        .with_file_name("perago-runner");
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StartError(format!("creating {} failed: {e}", dir.display())))?;
+    }
+    std::fs::copy(&from, to).map_err(|e| {
+        StartError(format!(
+            "copying {} to {} failed: {e}",
+            from.display(),
+            to.display()
+        ))
+    })?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| StartError(format!("making {} executable failed: {e}", to.display())))?;
+    Ok(())
+}
+
 /// Turn SIGTERM and SIGINT into `stop = true`.
 pub fn stop_on_signals() -> Result<watch::Receiver<bool>, StartError> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -80,6 +102,46 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     std::sync::LazyLock::force(&STARTED);
     let contract = read_contract(&settings.contract)?;
     let schemas = Schemas::compile(&contract).map_err(StartError)?;
+    let (lakefs, transfers) = match (&contract.workspace, &checked.lakefs) {
+        (None, _) => (
+            None,
+            Transfers {
+                fault: None,
+                parallelism: 1,
+                object_timeout: Duration::from_secs(1),
+                merge_timeout: Duration::from_secs(1),
+            },
+        ),
+        (Some(_), None) => {
+            return Err(StartError(
+                "LakeFS config is required for workspace tasks".into(),
+            ));
+        }
+        (Some(_), Some(l)) => {
+            let client = LakeFsClient::new(
+                &l.endpoint,
+                &l.access_key_id,
+                &l.secret_access_key,
+                l.timeout,
+            )
+            .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
+            // A publish budget bounds the merge; otherwise the sidecar's default does.
+            let merge_timeout = contract
+                .publish_budget
+                .as_ref()
+                .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
+                .map_or(l.merge_timeout, Duration::from_secs);
+            (
+                Some(client),
+                Transfers {
+                    fault: l.fault.clone(),
+                    parallelism: l.parallelism,
+                    object_timeout: l.transfer_timeout,
+                    merge_timeout,
+                },
+            )
+        }
+    };
     let work_dir = settings.work_dir.clone();
     std::fs::create_dir_all(&work_dir)
         .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
@@ -159,46 +221,6 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         None => None,
     };
     let instance_id = checked.instance_id.clone();
-    let (lakefs, transfers) = match (&contract.workspace, &checked.lakefs) {
-        (None, _) => (
-            None,
-            Transfers {
-                fault: None,
-                parallelism: 1,
-                object_timeout: Duration::from_secs(1),
-                merge_timeout: Duration::from_secs(1),
-            },
-        ),
-        (Some(_), None) => {
-            return Err(StartError(
-                "LakeFS config is required for workspace tasks".into(),
-            ));
-        }
-        (Some(_), Some(l)) => {
-            let client = LakeFsClient::new(
-                &l.endpoint,
-                &l.access_key_id,
-                &l.secret_access_key,
-                l.timeout,
-            )
-            .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
-            // A publish budget bounds the merge; otherwise the sidecar's default does.
-            let merge_timeout = contract
-                .publish_budget
-                .as_ref()
-                .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
-                .map_or(l.merge_timeout, Duration::from_secs);
-            (
-                Some(client),
-                Transfers {
-                    fault: l.fault.clone(),
-                    parallelism: l.parallelism,
-                    object_timeout: l.transfer_timeout,
-                    merge_timeout,
-                },
-            )
-        }
-    };
     let broker = Arc::new(Broker {
         contract,
         schemas,

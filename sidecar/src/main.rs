@@ -26,6 +26,13 @@ struct Cli {
 enum Mode {
     /// Run as the pod's sidecar (the default).
     Run,
+    /// Copy `perago-runner` (installed next to this binary) into the shared volume; the pod's
+    /// init container runs this so the body image needs nothing of ours.
+    InstallRunner {
+        /// Destination, e.g. `/perago-work/bin/perago-runner`.
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// Run the whole pod locally: this sidecar plus `perago-runner -- COMMAND` as a second
     /// process sharing the work directory.
     Local {
@@ -40,6 +47,15 @@ enum Mode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Mode::InstallRunner { to }) = &cli.command {
+        return match app::install_runner(to) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     telemetry::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -57,6 +73,7 @@ fn main() -> ExitCode {
             Some(Mode::Local { runner, command }) => {
                 app::run_local(&cli.settings, runner, command).await
             }
+            Some(Mode::InstallRunner { .. }) => Ok(()),
         }
     });
     match result {
