@@ -73,3 +73,33 @@ pub fn taskdef(file: &Path, output: Option<&Path>) -> Result<(), String> {
         }
     }
 }
+
+/// Print the ConfigMap and Deployment the operator creates for each PeragoTask, as
+/// multi-document YAML (the objects carry owner references to the task; the live operator
+/// also sets the replica count from autoscaling when that is enabled).
+pub fn render(file: &Path, defaults: &crate::render::Defaults) -> Result<(), String> {
+    let tasks = read_manifest(file)?;
+    let mut out = String::new();
+    for task in &tasks {
+        validated(task)?;
+        let mut t = task.task.clone();
+        if t.metadata.namespace.is_none() {
+            t.metadata.namespace = Some("default".into());
+        }
+        let contract = perago_api::contract::render(&t.spec)
+            .map_err(|e| format!("{}: {e}", task.display_name()))?;
+        let replicas = t.spec.executor.replicas;
+        for doc in [
+            serde_yaml::to_string(&crate::render::config_map(&t, &contract)),
+            serde_yaml::to_string(&crate::render::deployment(
+                &t, &contract, defaults, replicas,
+            )),
+        ] {
+            let doc = doc.map_err(|e| format!("{}: {e}", task.display_name()))?;
+            out.push_str("---\n");
+            out.push_str(&doc);
+        }
+    }
+    print!("{out}");
+    Ok(())
+}

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod render;
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +38,46 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
+    Render {
+        /// Manifest file (YAML, several documents allowed); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[command(flatten)]
+        defaults: DefaultsArgs,
+    },
+}
+
+/// The operator's cluster-wide defaults.
+#[derive(clap::Args)]
+struct DefaultsArgs {
+    /// Image of the sidecar (also carries perago-runner).
+    #[arg(long, env = "PERAGO_SIDECAR_IMAGE", default_value = concat!("ghcr.io/perago/perago-sidecar:", env!("CARGO_PKG_VERSION")))]
+    sidecar_image: String,
+    /// Conductor API URL for tasks that do not set `spec.conductor.url`.
+    #[arg(long, env = "PERAGO_CONDUCTOR_URL")]
+    conductor_url: Option<String>,
+    /// Secret with CONDUCTOR_AUTH_KEY / CONDUCTOR_AUTH_SECRET for tasks that set none.
+    #[arg(long, env = "PERAGO_CONDUCTOR_CREDENTIALS_SECRET")]
+    conductor_credentials_secret: Option<String>,
+    /// lakeFS URL for workspace tasks that do not set `spec.lakefs.endpoint`.
+    #[arg(long, env = "PERAGO_LAKEFS_ENDPOINT")]
+    lakefs_endpoint: Option<String>,
+    /// Secret with the LAKECTL_CREDENTIALS_* keys for workspace tasks that set none.
+    #[arg(long, env = "PERAGO_LAKEFS_CREDENTIALS_SECRET")]
+    lakefs_credentials_secret: Option<String>,
+}
+
+impl DefaultsArgs {
+    fn defaults(self) -> render::Defaults {
+        render::Defaults {
+            sidecar_image: self.sidecar_image,
+            conductor_url: self.conductor_url,
+            conductor_credentials_secret: self.conductor_credentials_secret,
+            lakefs_endpoint: self.lakefs_endpoint,
+            lakefs_credentials_secret: self.lakefs_credentials_secret,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -46,6 +87,7 @@ fn main() -> ExitCode {
         Command::Crd => cli::crd(),
         Command::Check { file } => cli::check(&file),
         Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
+        Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

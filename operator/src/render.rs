@@ -1,0 +1,580 @@
+//! What the operator creates for a PeragoTask: the ConfigMap holding the sidecar's task
+//! contract, and the executor Deployment (init container installing `perago-runner`, the
+//! sidecar as a native sidecar, the body wrapped by the runner, the shared `perago-work`
+//! emptyDir). Pure functions of the PeragoTask and the operator's defaults.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sha2::{Digest, Sha256};
+
+use perago_api::PeragoTask;
+use perago_api::contract::TaskContract;
+
+/// Where the shared volume is mounted in both containers.
+pub const WORK_DIR: &str = "/perago-work";
+pub const CONTRACT_DIR: &str = "/etc/perago";
+pub const CONTRACT_KEY: &str = "contract.json";
+pub const METRICS_PORT: i32 = 9464;
+/// Label every object of a task carries; the Deployment selects its pods by it.
+pub const TASK_LABEL: &str = "perago.io/task";
+pub const CONTRACT_HASH_ANNOTATION: &str = "perago.io/contract-hash";
+
+/// Cluster-wide defaults of the operator (flags of `perago-operator run`).
+#[derive(Clone, Debug)]
+pub struct Defaults {
+    pub sidecar_image: String,
+    pub conductor_url: Option<String>,
+    pub conductor_credentials_secret: Option<String>,
+    pub lakefs_endpoint: Option<String>,
+    pub lakefs_credentials_secret: Option<String>,
+}
+
+pub fn labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_owned(),
+            "perago-task".to_owned(),
+        ),
+        ("app.kubernetes.io/instance".to_owned(), name.to_owned()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "perago-operator".to_owned(),
+        ),
+        (TASK_LABEL.to_owned(), name.to_owned()),
+    ])
+}
+
+pub fn owner_reference(task: &PeragoTask) -> OwnerReference {
+    OwnerReference {
+        api_version: format!("{}/{}", perago_api::task::GROUP, perago_api::task::VERSION),
+        kind: "PeragoTask".into(),
+        name: task.metadata.name.clone().unwrap_or_default(),
+        uid: task.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn metadata(task: &PeragoTask, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: task.metadata.namespace.clone(),
+        labels: Some(labels(&task.metadata.name.clone().unwrap_or_default())),
+        // Offline renders have no uid to point at.
+        owner_references: task
+            .metadata
+            .uid
+            .is_some()
+            .then(|| vec![owner_reference(task)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Name of the ConfigMap and the Deployment of a task.
+pub fn object_name(task: &PeragoTask) -> String {
+    format!("{}-perago", task.metadata.name.clone().unwrap_or_default())
+}
+
+pub fn contract_text(contract: &TaskContract) -> String {
+    serde_json::to_string_pretty(contract).unwrap_or_default()
+}
+
+pub fn config_map(task: &PeragoTask, contract: &TaskContract) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(task, object_name(task)),
+        data: Some(BTreeMap::from([(
+            CONTRACT_KEY.to_owned(),
+            contract_text(contract),
+        )])),
+        ..ConfigMap::default()
+    }
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn secret_env(name: &str, secret: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: name.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// The restricted profile: non-root, read-only root filesystem, no privileges.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn quantity(text: &str) -> Quantity {
+    Quantity(text.into())
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    }
+}
+
+fn work_mount() -> VolumeMount {
+    VolumeMount {
+        name: "perago-work".into(),
+        mount_path: WORK_DIR.into(),
+        ..VolumeMount::default()
+    }
+}
+
+/// Shutdown grace of the sidecar and the pod's termination grace period (seconds): the
+/// budget's grace, else 30 s; the pod gets 15 s more so the sidecar can report.
+pub fn grace_seconds(contract: &TaskContract) -> (i64, i64) {
+    let grace = contract
+        .publish_budget
+        .as_ref()
+        .map_or(30, |b| b.worker_shutdown_grace_seconds);
+    (grace, grace + 15)
+}
+
+pub fn contract_hash(contract: &TaskContract) -> String {
+    let digest = Sha256::digest(contract_text(contract).as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The executor Deployment. `replicas` is decided by the caller (fixed or autoscaled).
+pub fn deployment(
+    task: &PeragoTask,
+    contract: &TaskContract,
+    defaults: &Defaults,
+    replicas: i32,
+) -> Deployment {
+    let name = task.metadata.name.clone().unwrap_or_default();
+    let spec = &task.spec;
+    let exec = &spec.executor;
+    let (grace, termination) = grace_seconds(contract);
+
+    let conductor_url = spec
+        .conductor
+        .as_ref()
+        .and_then(|c| c.url.clone())
+        .or_else(|| defaults.conductor_url.clone())
+        .unwrap_or_default();
+    let mut sidecar_env = vec![
+        EnvVar {
+            name: "POD_NAME".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+        },
+        env(
+            "PERAGO_TASK_CONTRACT",
+            format!("{CONTRACT_DIR}/{CONTRACT_KEY}"),
+        ),
+        env("PERAGO_WORK_DIR", WORK_DIR),
+        env("PERAGO_HTTP_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
+        env("PERAGO_SHUTDOWN_GRACE_SECONDS", grace.to_string()),
+        env("CONDUCTOR_SERVER_URL", conductor_url),
+    ];
+    if let Some(secret) = spec
+        .conductor
+        .as_ref()
+        .and_then(|c| c.credentials_secret.clone())
+        .or_else(|| defaults.conductor_credentials_secret.clone())
+    {
+        sidecar_env.push(secret_env("CONDUCTOR_AUTH_KEY", &secret));
+        sidecar_env.push(secret_env("CONDUCTOR_AUTH_SECRET", &secret));
+    }
+    if contract.workspace.is_some() {
+        let endpoint = spec
+            .lakefs
+            .as_ref()
+            .and_then(|l| l.endpoint.clone())
+            .or_else(|| defaults.lakefs_endpoint.clone())
+            .unwrap_or_default();
+        sidecar_env.push(env("LAKECTL_SERVER_ENDPOINT_URL", endpoint));
+        if let Some(secret) = spec
+            .lakefs
+            .as_ref()
+            .and_then(|l| l.credentials_secret.clone())
+            .or_else(|| defaults.lakefs_credentials_secret.clone())
+        {
+            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", &secret));
+            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", &secret));
+        }
+    }
+    let overrides = exec.sidecar.clone().unwrap_or_default();
+    let sidecar_image = overrides
+        .image
+        .clone()
+        .unwrap_or_else(|| defaults.sidecar_image.clone());
+    let sidecar_resources = overrides
+        .resources
+        .clone()
+        .unwrap_or_else(|| ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("50m")),
+                ("memory".to_owned(), quantity("64Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("256Mi"))])),
+            ..ResourceRequirements::default()
+        });
+
+    let install = Container {
+        name: "install-runner".into(),
+        image: Some(sidecar_image.clone()),
+        args: Some(vec![
+            "install-runner".into(),
+            "--to".into(),
+            format!("{WORK_DIR}/bin/perago-runner"),
+        ]),
+        volume_mounts: Some(vec![work_mount()]),
+        security_context: Some(restricted()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("10m")),
+                ("memory".to_owned(), quantity("16Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("64Mi"))])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    };
+    let sidecar = Container {
+        name: "perago-sidecar".into(),
+        image: Some(sidecar_image),
+        args: Some(vec!["run".into()]),
+        // A native sidecar: started before the body, stopped after it.
+        restart_policy: Some("Always".into()),
+        env: Some(sidecar_env),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        startup_probe: Some(http_probe("/healthz", 1, 30)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        readiness_probe: Some(http_probe("/readyz", 5, 1)),
+        volume_mounts: Some(vec![
+            work_mount(),
+            VolumeMount {
+                name: "perago-contract".into(),
+                mount_path: CONTRACT_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        resources: Some(sidecar_resources),
+        security_context: Some(restricted()),
+        ..Container::default()
+    };
+    let body = &exec.body;
+    let mut command = vec![format!("{WORK_DIR}/bin/perago-runner"), "--".to_owned()];
+    command.extend(body.command.iter().cloned());
+    command.extend(body.args.iter().cloned());
+    let body = Container {
+        name: "body".into(),
+        image: Some(body.image.clone()),
+        image_pull_policy: body.image_pull_policy.clone(),
+        command: Some(command),
+        env: (!body.env.is_empty()).then(|| body.env.clone()),
+        env_from: (!body.env_from.is_empty()).then(|| body.env_from.clone()),
+        resources: body.resources.clone(),
+        working_dir: body.working_dir.clone(),
+        volume_mounts: Some(vec![work_mount()]),
+        security_context: Some(body.security_context.clone().unwrap_or_else(restricted)),
+        ..Container::default()
+    };
+
+    let selector = BTreeMap::from([(TASK_LABEL.to_owned(), name.clone())]);
+    let mut pod_labels = labels(&name);
+    pod_labels.extend(selector.clone());
+    Deployment {
+        metadata: metadata(task, object_name(task)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([
+                        (CONTRACT_HASH_ANNOTATION.to_owned(), contract_hash(contract)),
+                        (
+                            "kubectl.kubernetes.io/default-container".to_owned(),
+                            "body".to_owned(),
+                        ),
+                    ])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    init_containers: Some(vec![install, sidecar]),
+                    containers: vec![body],
+                    volumes: Some(vec![
+                        Volume {
+                            name: "perago-work".into(),
+                            empty_dir: Some(EmptyDirVolumeSource {
+                                medium: None,
+                                size_limit: Some(
+                                    exec.work_volume_size_limit
+                                        .clone()
+                                        .unwrap_or_else(|| quantity("10Gi")),
+                                ),
+                            }),
+                            ..Volume::default()
+                        },
+                        Volume {
+                            name: "perago-contract".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: object_name(task),
+                                ..ConfigMapVolumeSource::default()
+                            }),
+                            ..Volume::default()
+                        },
+                    ]),
+                    termination_grace_period_seconds: Some(termination),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        // Both containers share the emptyDir through this group.
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    service_account_name: exec.service_account_name.clone(),
+                    node_selector: exec.node_selector.clone(),
+                    tolerations: exec.tolerations.clone(),
+                    image_pull_secrets: exec.image_pull_secrets.clone(),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use perago_api::{contract, manifest};
+
+    fn task(yaml_spec: &str) -> PeragoTask {
+        let yaml = format!(
+            "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {{name: features-build, namespace: data, uid: u-1}}\nspec:\n{yaml_spec}"
+        );
+        manifest::parse(&yaml).expect("parses").remove(0).task
+    }
+
+    const SPEC: &str = r#"  taskName: features.build
+  ownerEmail: a@b.c
+  workspace: {prefix: /features}
+  paramsSchema: {type: object}
+  resultSchema: {type: object}
+  controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}
+  lakefs: {credentialsSecret: lake-creds}
+  executor:
+    replicas: 2
+    body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
+"#;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            sidecar_image: "ghcr.io/perago/sidecar:0.1.0".into(),
+            conductor_url: Some("http://conductor:8080/api".into()),
+            conductor_credentials_secret: None,
+            lakefs_endpoint: Some("http://lakefs:8000".into()),
+            lakefs_credentials_secret: Some("default-lake".into()),
+        }
+    }
+
+    #[test]
+    fn the_pod_has_the_runner_the_native_sidecar_and_the_wrapped_body() {
+        let t = task(SPEC);
+        let c = contract::render(&t.spec).unwrap();
+        let d = deployment(&t, &c, &defaults(), 2);
+        assert_eq!(d.metadata.name.as_deref(), Some("features-build-perago"));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("data"));
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("PeragoTask", "u-1", Some(true))
+        );
+        let spec = d.spec.unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        let pod = spec.template.spec.unwrap();
+        let init = pod.init_containers.unwrap();
+        assert_eq!(
+            init[0].args.as_ref().unwrap(),
+            &["install-runner", "--to", "/perago-work/bin/perago-runner"]
+        );
+        assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+        let env: BTreeMap<_, _> = init[1]
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        assert_eq!(
+            env["CONDUCTOR_SERVER_URL"].value.as_deref(),
+            Some("http://conductor:8080/api")
+        );
+        assert_eq!(
+            env["PERAGO_SHUTDOWN_GRACE_SECONDS"].value.as_deref(),
+            Some("60")
+        );
+        assert_eq!(
+            env["LAKECTL_SERVER_ENDPOINT_URL"].value.as_deref(),
+            Some("http://lakefs:8000")
+        );
+        let secret = env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"]
+            .value_from
+            .as_ref()
+            .unwrap()
+            .secret_key_ref
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            secret.name, "lake-creds",
+            "the task's secret wins over the default"
+        );
+        assert!(!env.contains_key("CONDUCTOR_AUTH_KEY"));
+        assert_eq!(
+            pod.containers[0].command.as_ref().unwrap(),
+            &[
+                "/perago-work/bin/perago-runner",
+                "--",
+                "python",
+                "-m",
+                "app",
+                "--fast"
+            ]
+        );
+        assert!(
+            pod.containers[0].env.is_none(),
+            "the body never sees credentials"
+        );
+        assert_eq!(pod.termination_grace_period_seconds, Some(75));
+        let sc = init[1].security_context.as_ref().unwrap();
+        assert_eq!(
+            (sc.run_as_non_root, sc.read_only_root_filesystem),
+            (Some(true), Some(true))
+        );
+        let work = &pod.volumes.as_ref().unwrap()[0];
+        assert_eq!(
+            work.empty_dir.as_ref().unwrap().size_limit,
+            Some(quantity("10Gi"))
+        );
+    }
+
+    #[test]
+    fn a_contract_change_changes_the_pod_template() {
+        let t = task(SPEC);
+        let c = contract::render(&t.spec).unwrap();
+        let t2 = task(&SPEC.replace("prefix: /features", "prefix: /features/v2"));
+        let c2 = contract::render(&t2.spec).unwrap();
+        let hash = |d: Deployment| {
+            d.spec
+                .unwrap()
+                .template
+                .metadata
+                .unwrap()
+                .annotations
+                .unwrap()[CONTRACT_HASH_ANNOTATION]
+                .clone()
+        };
+        assert_ne!(
+            hash(deployment(&t, &c, &defaults(), 1)),
+            hash(deployment(&t2, &c2, &defaults(), 1))
+        );
+        assert_eq!(
+            hash(deployment(&t, &c, &defaults(), 1)),
+            hash(deployment(&t, &c, &defaults(), 3)),
+            "scaling is no rollout"
+        );
+        let cm = config_map(&t, &c);
+        let stored: TaskContract = serde_json::from_str(&cm.data.unwrap()[CONTRACT_KEY]).unwrap();
+        assert_eq!(stored, c);
+    }
+
+    #[test]
+    fn workspace_free_tasks_get_no_lakefs_settings() {
+        let t = task(&SPEC.replace("  workspace: {prefix: /features}\n", "").replace("  controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}\n", ""));
+        let c = contract::render(&t.spec).unwrap();
+        let pod = deployment(&t, &c, &defaults(), 1)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let init = pod.init_containers.unwrap();
+        assert!(
+            init[1]
+                .env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|e| !e.name.starts_with("LAKECTL_"))
+        );
+        assert_eq!(pod.termination_grace_period_seconds, Some(45));
+    }
+}

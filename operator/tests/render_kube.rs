@@ -1,0 +1,93 @@
+//! `perago-operator render` against the real kube-apiserver: the ConfigMap and Deployment of
+//! every example PeragoTask pass the apiserver's validation (server-side dry run), including
+//! the native sidecar, probes and security contexts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use perago_e2e::{Selection, shared};
+
+async fn client() -> Client {
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+#[tokio::test]
+async fn rendered_objects_of_every_example_pass_apiserver_validation() {
+    let client = client().await;
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples");
+    let mut files: Vec<_> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let dry = PostParams {
+        dry_run: true,
+        field_manager: Some("perago-test".into()),
+    };
+    let mut deployments = 0;
+    for file in files {
+        let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+            .args([
+                "render",
+                "--conductor-url",
+                "http://conductor:8080/api",
+                "--lakefs-endpoint",
+                "http://lakefs:8000",
+                "-f",
+            ])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+            match value["kind"].as_str() {
+                Some("ConfigMap") => {
+                    let cm: ConfigMap = serde_yaml::from_value(value).unwrap();
+                    Api::<ConfigMap>::namespaced(client.clone(), "default")
+                        .create(&dry, &cm)
+                        .await
+                        .unwrap();
+                }
+                Some("Deployment") => {
+                    let d: Deployment = serde_yaml::from_value(value).unwrap();
+                    let created = Api::<Deployment>::namespaced(client.clone(), "default")
+                        .create(&dry, &d)
+                        .await
+                        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+                    let pod = created.spec.unwrap().template.spec.unwrap();
+                    let sidecar = &pod.init_containers.unwrap()[1];
+                    assert_eq!(
+                        sidecar.restart_policy.as_deref(),
+                        Some("Always"),
+                        "kept by the apiserver"
+                    );
+                    deployments += 1;
+                }
+                other => panic!("unexpected document kind {other:?}"),
+            }
+        }
+    }
+    assert_eq!(deployments, 4, "one Deployment per example");
+}
