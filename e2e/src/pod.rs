@@ -196,6 +196,22 @@ impl Pod {
         self.get("/metrics").await.unwrap().1
     }
 
+    /// The metrics once every line of `expected` is in them (they trail Conductor: an attempt
+    /// is counted when the sidecar has the answer to its report, which may come after the
+    /// workflow is seen finished).
+    pub async fn metrics_with(&self, expected: &[&str]) -> String {
+        let started = Instant::now();
+        loop {
+            let metrics = self.metrics().await;
+            if expected.iter().all(|l| metrics.contains(l))
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                return metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id().unwrap()).unwrap()
     }

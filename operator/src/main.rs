@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod conductor;
+mod controller;
 mod render;
 
 #[derive(Parser)]
@@ -37,6 +39,17 @@ enum Command {
         /// Write the TaskDef to this `.json` file instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+    },
+    /// Run the controller (in the cluster, or with the kubeconfig of KUBECONFIG).
+    Run {
+        #[command(flatten)]
+        defaults: DefaultsArgs,
+        /// Per-request timeout of Conductor calls (seconds).
+        #[arg(long, env = "PERAGO_CONDUCTOR_TIMEOUT_SECONDS", default_value_t = 10)]
+        conductor_timeout_seconds: u64,
+        /// How often a ready task is checked again, TaskDef drift included (seconds).
+        #[arg(long, env = "PERAGO_RESYNC_SECONDS", default_value_t = 60)]
+        resync_seconds: u64,
     },
     /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
     Render {
@@ -80,6 +93,40 @@ impl DefaultsArgs {
     }
 }
 
+fn run(defaults: render::Defaults, timeout: u64, resync: u64) -> Result<(), String> {
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("PERAGO_LOG").unwrap_or_else(|_| "info".into()),
+        ))
+        .with_writer(std::io::stderr)
+        .try_init();
+    if defaults.conductor_url.is_none() {
+        return Err("--conductor-url (PERAGO_CONDUCTOR_URL) is required: tasks without spec.conductor.url are registered there".into());
+    }
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("starting the async runtime failed: {e}"))?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
+        let conductor =
+            conductor::MetadataClient::new(std::time::Duration::from_secs(timeout.max(1)))
+                .map_err(|e| format!("building the Conductor client failed: {e}"))?;
+        let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
+        controller::run(controller::Context {
+            client,
+            conductor,
+            defaults,
+            recorder,
+            resync: std::time::Duration::from_secs(resync.max(1)),
+        })
+        .await;
+        Ok(())
+    })
+}
+
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors, as the CLI contract requires.
     let args = Args::parse();
@@ -88,6 +135,15 @@ fn main() -> ExitCode {
         Command::Check { file } => cli::check(&file),
         Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
         Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),
+        Command::Run {
+            defaults,
+            conductor_timeout_seconds,
+            resync_seconds,
+        } => run(
+            defaults.defaults(),
+            conductor_timeout_seconds,
+            resync_seconds,
+        ),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -140,13 +140,14 @@ async fn success_reports_exactly_the_result_and_exports_metrics() {
     assert!(t.get("reasonForIncompletion").is_none(), "{t}");
     let worker = t["workerId"].as_str().unwrap();
     assert!(worker.starts_with("e2e-pod-under-test-"), "{worker}");
-    let metrics = pod.metrics().await;
-    for line in [
+    let expected = [
         "perago_sidecar_attempts_total{status=\"COMPLETED\"} 1",
         "app_items_sum{task_name=\"rt.success\"} 21",
         "runtime_task_attempt_duration_seconds_count{task_name=\"rt.success\"} 1",
         "runtime_busy_slots{perago_instance_id=\"pod-under-test\",task_name=\"rt.success\"} 0",
-    ] {
+    ];
+    let metrics = pod.metrics_with(&expected).await;
+    for line in expected {
         assert!(metrics.contains(line), "missing {line}:\n{metrics}");
     }
     assert!(!metrics.contains("undeclared"));

@@ -165,7 +165,9 @@ async fn run_workspace_free_example(repo: &Path, conductor: &str) -> Result<()> 
         "notify-owner: workflow {workflow} {}; task {} by worker {} with output {}",
         finished["status"], step["status"], step["workerId"], step["outputData"]
     );
-    let metrics = pod.metrics().await;
+    let metrics = pod
+        .metrics_with(&["perago_sidecar_attempts_total{status=\"COMPLETED\"} 1"])
+        .await;
     for line in metrics.lines().filter(|l| {
         l.starts_with("app_notifications_sent_count")
             || l.starts_with("perago_sidecar_attempts_total")

@@ -1,0 +1,342 @@
+//! The PeragoTask controller: validate, register the TaskDef in Conductor (and repair drift),
+//! apply the contract ConfigMap and the executor Deployment, keep the status true; on delete,
+//! apply the TaskDef deletion policy behind a finalizer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use perago_api::task::DeletionPolicy;
+use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
+
+use crate::conductor::{MetadataClient, holds};
+use crate::render::{self, Defaults, TASK_LABEL};
+
+pub const FINALIZER: &str = "perago.io/taskdef";
+const MANAGER: &str = "perago-operator";
+
+pub struct Context {
+    pub client: Client,
+    pub conductor: MetadataClient,
+    /// The task's `spec.conductor.url` wins over the default in `defaults`.
+    pub defaults: Defaults,
+    pub recorder: Recorder,
+    /// How often a healthy task is looked at again (drift of the TaskDef in Conductor).
+    pub resync: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Conductor(#[from] crate::conductor::MetadataError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Finalizer(String),
+}
+
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+/// Keep a condition's transition time when its status did not change.
+fn merge_conditions(old: &[Condition], new: Vec<Condition>) -> Vec<Condition> {
+    new.into_iter()
+        .map(|mut c| {
+            if let Some(prev) = old
+                .iter()
+                .find(|o| o.type_ == c.type_ && o.status == c.status)
+            {
+                c.last_transition_time = prev.last_transition_time.clone();
+            }
+            c
+        })
+        .collect()
+}
+
+async fn publish_event(
+    ctx: &Context,
+    task: &PeragoTask,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &task.object_ref(&())).await {
+        warn!(error = %e, "publishing an event failed");
+    }
+}
+
+fn conductor_url(task: &PeragoTask, ctx: &Context) -> String {
+    task.spec
+        .conductor
+        .as_ref()
+        .and_then(|c| c.url.clone())
+        .or_else(|| ctx.defaults.conductor_url.clone())
+        .unwrap_or_default()
+}
+
+async fn patch_status(
+    api: &Api<PeragoTask>,
+    task: &PeragoTask,
+    status: PeragoTaskStatus,
+) -> Result<(), Error> {
+    let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask", "status": status});
+    api.patch_status(
+        &task.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
+    let generation = task.metadata.generation;
+    let old = task.status.clone().unwrap_or_default();
+    let selector = format!("{TASK_LABEL}={}", task.name_any());
+
+    // Invalid: say so, touch nothing else.
+    let invalid = validate(&task.spec)
+        .map_err(|e| e.to_string())
+        .and_then(|_| contract::render(&task.spec).map_err(|e| e.to_string()))
+        .and_then(|c| {
+            taskdef::render(&task.spec)
+                .map(|d| (c, d))
+                .map_err(|e| e.to_string())
+        });
+    let (contract, doc) = match invalid {
+        Ok(v) => v,
+        Err(message) => {
+            let was_stalled = old
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Stalled" && c.status == "True" && c.message == message);
+            let status = PeragoTaskStatus {
+                observed_generation: generation,
+                conditions: merge_conditions(
+                    &old.conditions,
+                    vec![
+                        condition("Ready", false, "InvalidSpec", &message, generation),
+                        condition("Reconciling", false, "InvalidSpec", "", generation),
+                        condition("Stalled", true, "InvalidSpec", &message, generation),
+                    ],
+                ),
+                ..old.clone()
+            };
+            patch_status(&api, &task, status).await?;
+            if !was_stalled {
+                publish_event(ctx, &task, EventType::Warning, "InvalidSpec", message).await;
+            }
+            return Ok(Action::await_change());
+        }
+    };
+
+    // The TaskDef: create, or repair when it drifted.
+    let name = &task.spec.task_name;
+    let base = conductor_url(&task, ctx);
+    match ctx.conductor.get(&base, name).await? {
+        None => {
+            ctx.conductor.create(&base, name, &doc).await?;
+            info!(task_def = %name, "registered the TaskDef");
+            publish_event(
+                ctx,
+                &task,
+                EventType::Normal,
+                "TaskDefRegistered",
+                format!("registered TaskDef {name} in Conductor"),
+            )
+            .await;
+        }
+        Some(stored) if !holds(&stored, &doc) => {
+            ctx.conductor.update(&base, name, &doc).await?;
+            info!(task_def = %name, "repaired the TaskDef");
+            publish_event(
+                ctx,
+                &task,
+                EventType::Normal,
+                "TaskDefRepaired",
+                format!("TaskDef {name} differed from the PeragoTask in Conductor; rewrote it"),
+            )
+            .await;
+        }
+        Some(_) => {}
+    }
+
+    // The contract and the Deployment.
+    let params = PatchParams::apply(MANAGER).force();
+    let cm = render::config_map(&task, &contract);
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        .patch(&render::object_name(&task), &params, &Patch::Apply(&cm))
+        .await?;
+    let replicas = task.spec.executor.replicas;
+    let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &render::object_name(&task),
+            &params,
+            &Patch::Apply(&deployment),
+        )
+        .await?;
+
+    let ds = applied.status.clone().unwrap_or_default();
+    let ready_replicas = ds.ready_replicas.unwrap_or(0);
+    let rolled_out = ds.observed_generation >= applied.metadata.generation
+        && ds.updated_replicas.unwrap_or(0) >= replicas
+        && ready_replicas >= replicas;
+    let (ready_reason, ready_message) = if rolled_out {
+        (
+            "Available",
+            format!("TaskDef registered; {ready_replicas}/{replicas} executor pods ready"),
+        )
+    } else {
+        (
+            "RollingOut",
+            format!(
+                "TaskDef registered; waiting for executor pods ({ready_replicas}/{replicas} ready)"
+            ),
+        )
+    };
+    let status = PeragoTaskStatus {
+        observed_generation: generation,
+        conditions: merge_conditions(
+            &old.conditions,
+            vec![
+                condition(
+                    "Ready",
+                    rolled_out,
+                    ready_reason,
+                    &ready_message,
+                    generation,
+                ),
+                condition(
+                    "Reconciling",
+                    !rolled_out,
+                    ready_reason,
+                    if rolled_out { "" } else { &ready_message },
+                    generation,
+                ),
+                condition("Stalled", false, "Valid", "", generation),
+            ],
+        ),
+        replicas: Some(replicas),
+        ready_replicas: Some(ready_replicas),
+        selector: Some(selector),
+        queue_depth: old.queue_depth,
+        task_def_hash: Some(taskdef::hash(&doc)),
+    };
+    patch_status(&api, &task, status).await?;
+    Ok(Action::requeue(if rolled_out {
+        ctx.resync
+    } else {
+        ctx.resync.min(Duration::from_secs(15))
+    }))
+}
+
+async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
+    if task.spec.deletion_policy == DeletionPolicy::Delete {
+        ctx.conductor
+            .delete(&conductor_url(&task, ctx), &task.spec.task_name)
+            .await?;
+        info!(task_def = %task.spec.task_name, "deleted the TaskDef (deletionPolicy: Delete)");
+    }
+    Ok(Action::await_change())
+}
+
+async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, task, |event| async {
+        match event {
+            Finalizer::Apply(task) => apply(task, &ctx).await,
+            Finalizer::Cleanup(task) => cleanup(task, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(e.to_string()))
+}
+
+fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(task = %task.name_any(), error = %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Run the controller until SIGTERM/SIGINT.
+pub async fn run(ctx: Context) {
+    let client = ctx.client.clone();
+    let tasks: Api<PeragoTask> = Api::all(client.clone());
+    let deployments: Api<Deployment> = Api::all(client);
+    info!("perago-operator controller started");
+    Controller::new(tasks, watcher::Config::default())
+        .owns(
+            deployments,
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=perago-operator"),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, Arc::new(ctx))
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(task = %object.name, "reconciled"),
+                Err(e) => warn!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}
+
+pub fn reporter() -> Reporter {
+    Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_times_survive_unchanged_statuses() {
+        let old = vec![condition("Ready", true, "Available", "x", Some(1))];
+        let mut fresh = condition("Ready", true, "Available", "y", Some(2));
+        fresh.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let merged = merge_conditions(
+            &old,
+            vec![fresh, condition("Stalled", false, "Valid", "", Some(2))],
+        );
+        assert_eq!(merged[0].last_transition_time, old[0].last_transition_time);
+        assert_eq!(merged[0].message, "y");
+    }
+}

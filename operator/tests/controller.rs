@@ -1,0 +1,281 @@
+//! The controller against the real kube-apiserver + etcd and the real Conductor: apply a
+//! PeragoTask and watch the TaskDef, the ConfigMap, the Deployment and the status follow;
+//! repair an edited TaskDef; report an invalid spec; apply the deletion policy.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use perago_api::{PeragoTask, manifest, taskdef};
+use perago_e2e::pod::ConductorApi;
+use perago_e2e::{Selection, Services, shared};
+use serde_json::{Value, json};
+
+async fn services() -> &'static Services {
+    shared(Selection {
+        conductor: true,
+        kube: true,
+        ..Selection::default()
+    })
+    .await
+}
+
+async fn client(services: &Services) -> Client {
+    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
+    Client::try_from(
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crds/peragotasks.perago.io.yaml"
+    ))
+    .unwrap();
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
+    crds.patch(
+        "peragotasks.perago.io",
+        &PatchParams::apply("perago-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap();
+    eventually("the CRD is established", || async {
+        let c = crds.get("peragotasks.perago.io").await.ok()?;
+        c.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn task(name: &str, task_name: &str, extra: &str) -> PeragoTask {
+    let yaml = format!(
+        r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {{name: {name}, namespace: default}}
+spec:
+  taskName: {task_name}
+  ownerEmail: ops@example.com
+  paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
+  resultSchema: {{type: object, properties: {{ok: {{type: boolean}}}}}}
+  deletionPolicy: Delete
+  executor: {{body: {{image: reg/body:1, command: [/app/run]}}}}
+{extra}"#
+    );
+    manifest::parse(&yaml).unwrap().remove(0).task
+}
+
+fn condition(t: &PeragoTask, type_: &str) -> Option<(String, String, String)> {
+    t.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
+    let services = services().await;
+    let client = client(services).await;
+    install_crd(&client).await;
+    let conductor_url = services.conductor().api_url.clone();
+    let _operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+        .args([
+            "run",
+            "--resync-seconds",
+            "1",
+            "--conductor-url",
+            &conductor_url,
+        ])
+        .env("KUBECONFIG", &services.kube().kubeconfig)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let conductor = ConductorApi::new(&conductor_url);
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let apply = PatchParams::apply("perago-test").force();
+
+    let t = task("notify", "op.notify", "");
+    tasks
+        .patch("notify", &apply, &Patch::Apply(&t))
+        .await
+        .unwrap();
+    let live = eventually("the status carries the TaskDef hash", || async {
+        let live = tasks.get("notify").await.ok()?;
+        live.status.as_ref()?.task_def_hash.as_ref()?;
+        Some(live)
+    })
+    .await;
+    // The apiserver returns the schemas with sorted keys; the operator renders what it reads.
+    let rendered = taskdef::render(&live.spec).unwrap();
+    assert_eq!(
+        rendered,
+        taskdef::render(&t.spec).unwrap(),
+        "the same document, key order aside"
+    );
+    let status = live.status.clone().unwrap();
+    assert_eq!(
+        status.task_def_hash.as_deref(),
+        Some(taskdef::hash(&rendered).as_str())
+    );
+    assert_eq!(status.observed_generation, live.metadata.generation);
+    assert_eq!(status.selector.as_deref(), Some("perago.io/task=notify"));
+    assert_eq!(condition(&live, "Stalled").unwrap().0, "False");
+    // No kubelet here: the pods never become ready, so the task is still rolling out.
+    let ready = condition(&live, "Ready").unwrap();
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("False", "RollingOut")
+    );
+    assert_eq!(condition(&live, "Reconciling").unwrap().0, "True");
+    assert!(
+        live.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"perago.io/taskdef".to_owned())
+    );
+
+    let stored = conductor
+        .call(reqwest::Method::GET, "/metadata/taskdefs/op.notify", None)
+        .await;
+    for (key, value) in rendered.as_object().unwrap() {
+        if key != "inputSchema" && key != "outputSchema" {
+            assert_eq!(&stored[key], value, "{key}");
+        }
+    }
+    assert_eq!(
+        stored["inputSchema"]["data"],
+        rendered["inputSchema"]["data"]
+    );
+
+    let uid = live.metadata.uid.clone().unwrap();
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get("notify-perago")
+        .await
+        .unwrap();
+    let contract: Value = serde_json::from_str(&cm.data.unwrap()["contract.json"]).unwrap();
+    assert_eq!(contract["taskName"], "op.notify");
+    assert_eq!(cm.metadata.owner_references.unwrap()[0].uid, uid);
+    let d = Api::<Deployment>::namespaced(client.clone(), "default")
+        .get("notify-perago")
+        .await
+        .unwrap();
+    assert_eq!(d.metadata.owner_references.unwrap()[0].uid, uid);
+    assert_eq!(d.spec.unwrap().replicas, Some(1));
+
+    // Someone edits the TaskDef in Conductor: the operator puts it back.
+    let mut edited = stored.clone();
+    edited["retryCount"] = json!(9);
+    conductor
+        .call(reqwest::Method::PUT, "/metadata/taskdefs", Some(&edited))
+        .await;
+    eventually("the edited TaskDef is repaired", || async {
+        let now = conductor
+            .call(reqwest::Method::GET, "/metadata/taskdefs/op.notify", None)
+            .await;
+        (now["retryCount"] == rendered["retryCount"]).then_some(())
+    })
+    .await;
+
+    // A spec change is observed and registered.
+    let changed = task("notify", "op.notify", "  controls: {retry: {count: 1}}\n");
+    tasks
+        .patch("notify", &apply, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+    eventually("the new generation is observed", || async {
+        let live = tasks.get("notify").await.ok()?;
+        (live.status?.observed_generation == live.metadata.generation).then_some(())
+    })
+    .await;
+    eventually("the new retry count is registered", || async {
+        let now = conductor
+            .call(reqwest::Method::GET, "/metadata/taskdefs/op.notify", None)
+            .await;
+        (now["retryCount"] == json!(1)).then_some(())
+    })
+    .await;
+
+    // An invalid spec stalls with the validation message and touches nothing.
+    let invalid = task(
+        "broken",
+        "op.broken",
+        "  workspace: {prefix: /data, pre: [{kind: requireFile, path: '../etc'}]}\n",
+    );
+    tasks
+        .patch("broken", &apply, &Patch::Apply(&invalid))
+        .await
+        .unwrap();
+    let stalled = eventually("the invalid task is stalled", || async {
+        let live = tasks.get("broken").await.ok()?;
+        condition(&live, "Stalled").filter(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(stalled.1, "InvalidSpec");
+    assert!(
+        stalled
+            .2
+            .contains("workspace guardrail paths must be relative and must not contain '..'"),
+        "{}",
+        stalled.2
+    );
+    assert!(
+        Api::<Deployment>::namespaced(client.clone(), "default")
+            .get_opt("broken-perago")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Delete with deletionPolicy: Delete removes the TaskDef, then the finalizer.
+    tasks
+        .delete("notify", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the PeragoTask is gone", || async {
+        tasks.get_opt("notify").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let resp = reqwest::get(format!("{conductor_url}/metadata/taskdefs/op.notify"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404, "the TaskDef was deleted");
+    tasks
+        .delete("broken", &DeleteParams::default())
+        .await
+        .unwrap();
+}
