@@ -121,7 +121,8 @@ impl MetadataClient {
         }
     }
 
-    /// Delete; a TaskDef that is already gone is fine.
+    /// Delete; a TaskDef that is already gone is fine (Conductor 3.32 on SQL answers that with
+    /// HTTP 500 "No such task definition", not 404).
     pub async fn delete(&self, base: &str, name: &str) -> Result<(), MetadataError> {
         let (status, text) = self
             .send(
@@ -134,11 +135,39 @@ impl MetadataClient {
                 )),
             )
             .await?;
-        if status.is_success() || status == StatusCode::NOT_FOUND {
+        if status.is_success()
+            || status == StatusCode::NOT_FOUND
+            || text.contains("No such task definition")
+        {
             Ok(())
         } else {
             Err(Self::failed("delete", name, status, &text))
         }
+    }
+}
+
+impl MetadataClient {
+    /// Scheduled tasks waiting in the queue of a task type (in-flight ones are not counted).
+    pub async fn queue_depth(&self, base: &str, name: &str) -> Result<i64, MetadataError> {
+        let url = format!("{}/tasks/queue/size", base.trim_end_matches('/'));
+        let (status, text) = self
+            .send(
+                "queue size",
+                name,
+                self.http.get(url).query(&[("taskType", name)]),
+            )
+            .await?;
+        if !status.is_success() {
+            return Err(Self::failed("queue size", name, status, &text));
+        }
+        text.trim().parse().map_err(|_| MetadataError {
+            call: "queue size",
+            task: name.to_owned(),
+            detail: format!(
+                "not a number: {}",
+                text.chars().take(100).collect::<String>()
+            ),
+        })
     }
 }
 

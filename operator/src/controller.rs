@@ -33,8 +33,44 @@ pub struct Context {
     /// The task's `spec.conductor.url` wins over the default in `defaults`.
     pub defaults: Defaults,
     pub recorder: Recorder,
-    /// How often a healthy task is looked at again (drift of the TaskDef in Conductor).
+    /// How often a healthy task is looked at again (drift of the TaskDef in Conductor, queue
+    /// depth of autoscaled tasks).
     pub resync: Duration,
+    /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
+    pub recommendations:
+        std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
+}
+
+/// `ceil(depth / target)` clamped to `[min, max]`.
+pub fn recommended(depth: i64, spec: &perago_api::task::AutoscalingSpec) -> i32 {
+    let target = i64::from(spec.target_queue_depth.max(1));
+    let wanted = (depth.max(0) + target - 1) / target;
+    i32::try_from(wanted)
+        .unwrap_or(i32::MAX)
+        .clamp(spec.min_replicas, spec.max_replicas.max(spec.min_replicas))
+}
+
+/// Scale up at once; scale down only to the highest recommendation of the stabilisation
+/// window (as the HPA does), so a queue that drains for a moment does not remove pods.
+pub fn stabilised(
+    history: &mut Vec<(std::time::Instant, i32)>,
+    now: std::time::Instant,
+    window: Duration,
+    current: i32,
+    wanted: i32,
+) -> i32 {
+    history.retain(|(at, _)| now.duration_since(*at) <= window);
+    history.push((now, wanted));
+    if wanted >= current {
+        wanted
+    } else {
+        history
+            .iter()
+            .map(|(_, r)| *r)
+            .max()
+            .unwrap_or(wanted)
+            .min(current)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,13 +232,54 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         Some(_) => {}
     }
 
+    // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
+    let mut replicas = task.spec.executor.replicas;
+    let mut queue_depth = old.queue_depth;
+    if let Some(auto) = &task.spec.executor.autoscaling {
+        let depth = ctx.conductor.queue_depth(&base, name).await?;
+        queue_depth = Some(depth);
+        let wanted = recommended(depth, auto);
+        let window =
+            Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
+        let next = {
+            let mut all = ctx
+                .recommendations
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let history = all.entry(format!("{ns}/{}", task.name_any())).or_default();
+            stabilised(history, std::time::Instant::now(), window, replicas, wanted)
+        };
+        if next != replicas {
+            api.patch_scale(
+                &task.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": next}})),
+            )
+            .await?;
+            info!(
+                queue_depth = depth,
+                from = replicas,
+                to = next,
+                "scaled the executor"
+            );
+            publish_event(
+                ctx,
+                &task,
+                EventType::Normal,
+                "Scaled",
+                format!("queue depth {depth}: {replicas} → {next} executor pods"),
+            )
+            .await;
+            replicas = next;
+        }
+    }
+
     // The contract and the Deployment.
     let params = PatchParams::apply(MANAGER).force();
     let cm = render::config_map(&task, &contract);
     Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
         .patch(&render::object_name(&task), &params, &Patch::Apply(&cm))
         .await?;
-    let replicas = task.spec.executor.replicas;
     let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
     let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
         .patch(
@@ -255,7 +332,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         replicas: Some(replicas),
         ready_replicas: Some(ready_replicas),
         selector: Some(selector),
-        queue_depth: old.queue_depth,
+        queue_depth,
         task_def_hash: Some(taskdef::hash(&doc)),
     };
     patch_status(&api, &task, status).await?;
@@ -326,6 +403,40 @@ pub fn reporter() -> Reporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recommendations_and_stabilisation() {
+        use perago_api::task::AutoscalingSpec;
+        let spec = AutoscalingSpec {
+            min_replicas: 0,
+            max_replicas: 5,
+            target_queue_depth: 4,
+            scale_down_stabilization_seconds: 60,
+        };
+        assert_eq!(
+            [0, 1, 4, 5, 400].map(|d| recommended(d, &spec)),
+            [0, 1, 1, 2, 5]
+        );
+        let t0 = std::time::Instant::now();
+        let w = Duration::from_secs(60);
+        let mut h = Vec::new();
+        assert_eq!(stabilised(&mut h, t0, w, 1, 4), 4, "up at once");
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(10), w, 4, 0),
+            4,
+            "down waits"
+        );
+        assert_eq!(stabilised(&mut h, t0 + Duration::from_secs(30), w, 4, 1), 4);
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(65), w, 4, 0),
+            1,
+            "to the window's highest"
+        );
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(100), w, 1, 0),
+            0
+        );
+    }
 
     #[test]
     fn transition_times_survive_unchanged_statuses() {

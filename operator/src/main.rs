@@ -121,6 +121,7 @@ fn run(defaults: render::Defaults, timeout: u64, resync: u64) -> Result<(), Stri
             defaults,
             recorder,
             resync: std::time::Duration::from_secs(resync.max(1)),
+            recommendations: Default::default(),
         })
         .await;
         Ok(())

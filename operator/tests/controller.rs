@@ -80,6 +80,34 @@ where
     }
 }
 
+/// One operator for the whole test binary (two would race for the same objects: the
+/// deployed operator runs one leader). Its log is `operator.log` in the servers' directory.
+static OPERATOR: tokio::sync::OnceCell<perago_e2e::process::ServerProcess> =
+    tokio::sync::OnceCell::const_new();
+
+async fn operator(services: &Services) {
+    OPERATOR
+        .get_or_init(|| async {
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_perago-operator"));
+            command
+                .args([
+                    "run",
+                    "--resync-seconds",
+                    "1",
+                    "--conductor-url",
+                    &services.conductor().api_url,
+                ])
+                .env("KUBECONFIG", &services.kube().kubeconfig);
+            perago_e2e::process::ServerProcess::spawn(
+                "perago-operator",
+                &mut command,
+                services.dir().join("operator.log"),
+            )
+            .unwrap()
+        })
+        .await;
+}
+
 fn task(name: &str, task_name: &str, extra: &str) -> PeragoTask {
     let yaml = format!(
         r#"
@@ -113,18 +141,7 @@ async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
     let client = client(services).await;
     install_crd(&client).await;
     let conductor_url = services.conductor().api_url.clone();
-    let _operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-        .args([
-            "run",
-            "--resync-seconds",
-            "1",
-            "--conductor-url",
-            &conductor_url,
-        ])
-        .env("KUBECONFIG", &services.kube().kubeconfig)
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    operator(services).await;
     let conductor = ConductorApi::new(&conductor_url);
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let apply = PatchParams::apply("perago-test").force();
@@ -276,6 +293,118 @@ async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
     assert_eq!(resp.status(), 404, "the TaskDef was deleted");
     tasks
         .delete("broken", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn autoscaling_follows_the_queue_depth_with_a_scale_down_window() {
+    let services = services().await;
+    let client = client(services).await;
+    install_crd(&client).await;
+    let conductor_url = services.conductor().api_url.clone();
+    operator(services).await;
+    let conductor = ConductorApi::new(&conductor_url);
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let t = task("scaled", "op.scaled", "  controls: {retry: {count: 0}}\n");
+    let mut t = t;
+    t.spec.executor.replicas = 0;
+    t.spec.executor.autoscaling = Some(perago_api::task::AutoscalingSpec {
+        min_replicas: 0,
+        max_replicas: 3,
+        target_queue_depth: 2,
+        scale_down_stabilization_seconds: 3,
+    });
+    tasks
+        .patch(
+            "scaled",
+            &PatchParams::apply("perago-test").force(),
+            &Patch::Apply(&t),
+        )
+        .await
+        .unwrap();
+    eventually("the TaskDef is registered", || async {
+        reqwest::get(format!("{conductor_url}/metadata/taskdefs/op.scaled"))
+            .await
+            .ok()?
+            .status()
+            .is_success()
+            .then_some(())
+    })
+    .await;
+
+    // Five scheduled tasks at two per pod: three pods (the maximum).
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            conductor
+                .start("op.scaled", "load", json!({"params": {"n": 1}}))
+                .await,
+        );
+    }
+    eventually("the executor scales to 3", || async {
+        let d = deployments.get_opt("scaled-perago").await.ok()??;
+        (d.spec?.replicas == Some(3)).then_some(())
+    })
+    .await;
+    let live = tasks.get("scaled").await.unwrap();
+    assert_eq!(
+        live.spec.executor.replicas, 3,
+        "through the /scale subresource"
+    );
+    assert_eq!(live.status.unwrap().queue_depth, Some(5));
+
+    // Drain the queue (a worker takes every task): back to the minimum after the window.
+    for _ in 0..5 {
+        let polled = eventually("a task is polled", || async {
+            let batch = conductor
+                .call(
+                    reqwest::Method::GET,
+                    "/tasks/poll/batch/op.scaled?workerid=drain&count=5&timeout=500",
+                    None,
+                )
+                .await;
+            batch.as_array().filter(|b| !b.is_empty()).cloned()
+        })
+        .await;
+        for t in &polled {
+            conductor
+                .call(
+                    reqwest::Method::POST,
+                    "/tasks",
+                    Some(&json!({"workflowInstanceId": t["workflowInstanceId"], "taskId": t["taskId"],
+                                 "workerId": "drain", "status": "COMPLETED", "outputData": {"result": {"ok": true}}})),
+                )
+                .await;
+        }
+        if polled.len() >= 5 {
+            break;
+        }
+        let depth = conductor
+            .call(
+                reqwest::Method::GET,
+                "/tasks/queue/size?taskType=op.scaled",
+                None,
+            )
+            .await;
+        if depth == json!(0) {
+            break;
+        }
+    }
+    let drained = Instant::now();
+    eventually("the executor scales to 0", || async {
+        let d = deployments.get_opt("scaled-perago").await.ok()??;
+        (d.spec?.replicas == Some(0)).then_some(())
+    })
+    .await;
+    assert!(
+        drained.elapsed() >= Duration::from_secs(2),
+        "the scale-down waited for the window: {:?}",
+        drained.elapsed()
+    );
+    tasks
+        .delete("scaled", &DeleteParams::default())
         .await
         .unwrap();
 }
