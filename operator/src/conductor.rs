@@ -9,6 +9,8 @@ use serde_json::Value;
 /// Calls take the Conductor base URL (with `/api`): a PeragoTask may name its own Conductor.
 pub struct MetadataClient {
     http: reqwest::Client,
+    /// `perago_operator_conductor_calls_total{call, outcome}`.
+    calls: Option<prometheus::IntCounterVec>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -20,9 +22,13 @@ pub struct MetadataError {
 }
 
 impl MetadataClient {
-    pub fn new(timeout: Duration) -> Result<Self, reqwest::Error> {
+    pub fn new(
+        timeout: Duration,
+        calls: Option<prometheus::IntCounterVec>,
+    ) -> Result<Self, reqwest::Error> {
         Ok(Self {
             http: reqwest::Client::builder().timeout(timeout).build()?,
+            calls,
         })
     }
 
@@ -37,14 +43,26 @@ impl MetadataClient {
             task: task.to_owned(),
             detail,
         };
-        let response = request
-            .header("Accept", "*/*")
-            .send()
-            .await
-            .map_err(|e| error(e.to_string()))?;
-        let status = response.status();
-        let text = response.text().await.map_err(|e| error(e.to_string()))?;
-        Ok((status, text))
+        let answer = async {
+            let response = request
+                .header("Accept", "*/*")
+                .send()
+                .await
+                .map_err(|e| error(e.to_string()))?;
+            let status = response.status();
+            let text = response.text().await.map_err(|e| error(e.to_string()))?;
+            Ok((status, text))
+        }
+        .await;
+        if let Some(calls) = &self.calls {
+            let outcome = match &answer {
+                Ok((status, _)) if status.is_success() => "ok",
+                Ok(_) => "refused",
+                Err(_) => "error",
+            };
+            calls.with_label_values(&[call, outcome]).inc();
+        }
+        answer
     }
 
     fn failed(call: &'static str, task: &str, status: StatusCode, text: &str) -> MetadataError {

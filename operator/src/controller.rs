@@ -36,6 +36,7 @@ pub struct Context {
     /// How often a healthy task is looked at again (drift of the TaskDef in Conductor, queue
     /// depth of autoscaled tasks).
     pub resync: Duration,
+    pub metrics: Arc<crate::telemetry::Metrics>,
     /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
     pub recommendations:
         std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
@@ -354,16 +355,25 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
 }
 
 async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, task, |event| async {
+    let result = finalizer(&api, FINALIZER, task, |event| async {
         match event {
             Finalizer::Apply(task) => apply(task, &ctx).await,
             Finalizer::Cleanup(task) => cleanup(task, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(e.to_string()))
+    .map_err(|e| Error::Finalizer(e.to_string()));
+    let m = &ctx.metrics;
+    m.reconcile_seconds
+        .with_label_values::<&str>(&[])
+        .observe(started.elapsed().as_secs_f64());
+    m.reconciles
+        .with_label_values(&[if result.is_ok() { "ok" } else { "error" }])
+        .inc();
+    result
 }
 
 fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -9,6 +9,7 @@ mod cli;
 mod conductor;
 mod controller;
 mod render;
+mod telemetry;
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +51,8 @@ enum Command {
         /// How often a ready task is checked again, TaskDef drift included (seconds).
         #[arg(long, env = "PERAGO_RESYNC_SECONDS", default_value_t = 60)]
         resync_seconds: u64,
+        #[command(flatten)]
+        process: ProcessArgs,
     },
     /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
     Render {
@@ -59,6 +62,23 @@ enum Command {
         #[command(flatten)]
         defaults: DefaultsArgs,
     },
+}
+
+/// How the operator process runs.
+#[derive(clap::Args)]
+struct ProcessArgs {
+    /// `/metrics`, `/healthz`, `/readyz`.
+    #[arg(long, env = "PERAGO_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: std::net::SocketAddr,
+    /// Reconcile only while holding the Lease `perago-operator` (run several replicas safely).
+    #[arg(long, env = "PERAGO_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Seconds a leader holds the Lease without renewing it.
+    #[arg(long, env = "PERAGO_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
 }
 
 /// The operator's cluster-wide defaults.
@@ -93,7 +113,12 @@ impl DefaultsArgs {
     }
 }
 
-fn run(defaults: render::Defaults, timeout: u64, resync: u64) -> Result<(), String> {
+fn run(
+    defaults: render::Defaults,
+    timeout: u64,
+    resync: u64,
+    process: ProcessArgs,
+) -> Result<(), String> {
     let _ = tracing_subscriber::fmt()
         .json()
         .flatten_event(true)
@@ -108,23 +133,64 @@ fn run(defaults: render::Defaults, timeout: u64, resync: u64) -> Result<(), Stri
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("starting the async runtime failed: {e}"))?;
     runtime.block_on(async {
+        let metrics = std::sync::Arc::new(
+            telemetry::Metrics::new().map_err(|e| format!("registering metrics failed: {e}"))?,
+        );
+        telemetry::serve(process.http_addr, metrics.clone())
+            .await
+            .map_err(|e| format!("listening on {} failed: {e}", process.http_addr))?;
         let client = kube::Client::try_default()
             .await
             .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
-        let conductor =
-            conductor::MetadataClient::new(std::time::Duration::from_secs(timeout.max(1)))
-                .map_err(|e| format!("building the Conductor client failed: {e}"))?;
+        let conductor = conductor::MetadataClient::new(
+            std::time::Duration::from_secs(timeout.max(1)),
+            Some(metrics.conductor_calls.clone()),
+        )
+        .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
-        controller::run(controller::Context {
-            client,
+        let context = controller::Context {
+            client: client.clone(),
             conductor,
             defaults,
             recorder,
             resync: std::time::Duration::from_secs(resync.max(1)),
+            metrics: metrics.clone(),
             recommendations: Default::default(),
-        })
-        .await;
-        Ok(())
+        };
+        metrics
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if !process.leader_election {
+            metrics.leader.set(1);
+            controller::run(context).await;
+            return Ok(());
+        }
+        let identity = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("perago-operator-{}", std::process::id()));
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client, "perago-operator")
+            .with_namespace(process.lease_namespace.clone())
+            .with_identity(identity.clone())
+            .with_duration(process.lease_duration_seconds.max(2))
+            .with_grace((process.lease_duration_seconds / 3).max(1))
+            .build()
+            .await
+            .map_err(|e| format!("preparing the leader Lease failed: {e}"))?;
+        let (mut leading, _task) = manager.watch().await;
+        tracing::info!(identity = %identity, "waiting for the leader lease");
+        if leading.wait_for(|l| *l).await.is_err() {
+            return Err("the leader election stopped".into());
+        }
+        metrics.leader.set(1);
+        tracing::info!(identity = %identity, "leading; reconciling");
+        tokio::select! {
+            () = controller::run(context) => Ok(()),
+            _ = leading.wait_for(|l| !*l) => {
+                metrics.leader.set(0);
+                // Stop at once: another replica may already reconcile. Kubernetes restarts
+                // this one as a standby.
+                Err("lost the leader lease; stopping".into())
+            }
+        }
     })
 }
 
@@ -140,10 +206,12 @@ fn main() -> ExitCode {
             defaults,
             conductor_timeout_seconds,
             resync_seconds,
+            process,
         } => run(
             defaults.defaults(),
             conductor_timeout_seconds,
             resync_seconds,
+            process,
         ),
     };
     match outcome {
