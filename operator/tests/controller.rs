@@ -408,3 +408,68 @@ async fn autoscaling_follows_the_queue_depth_with_a_scale_down_window() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn retained_taskdefs_survive_and_an_hpa_owns_replicas_through_scale() {
+    let services = services().await;
+    let client = client(services).await;
+    install_crd(&client).await;
+    operator(services).await;
+    let conductor_url = services.conductor().api_url.clone();
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let mut t = task("kept", "op.kept", "");
+    t.spec.deletion_policy = perago_api::task::DeletionPolicy::Retain;
+    tasks
+        .patch(
+            "kept",
+            &PatchParams::apply("perago-test").force(),
+            &Patch::Apply(&t),
+        )
+        .await
+        .unwrap();
+    eventually("the Deployment exists", || async {
+        deployments.get_opt("kept-perago").await.ok()?
+    })
+    .await;
+
+    // Something else (an HPA, KEDA, kubectl scale) drives /scale: the operator follows it.
+    tasks
+        .patch_scale(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    eventually("the Deployment follows /scale", || async {
+        let d = deployments.get_opt("kept-perago").await.ok()??;
+        (d.spec?.replicas == Some(4)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        tasks.get("kept").await.unwrap().spec.executor.replicas,
+        4,
+        "not fought back"
+    );
+    let scale = tasks.get_scale("kept").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(4));
+
+    tasks
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the PeragoTask is gone", || async {
+        tasks.get_opt("kept").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let resp = reqwest::get(format!("{conductor_url}/metadata/taskdefs/op.kept"))
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "deletionPolicy: Retain keeps the TaskDef"
+    );
+}
