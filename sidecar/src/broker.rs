@@ -322,7 +322,7 @@ impl Broker {
                         Err(outcome) => outcome,
                     },
                 };
-                dir.cleanup();
+                dir.remove().await;
                 outcome
             }
         }

@@ -82,6 +82,11 @@ impl ExecutionDir {
         self.path.join(name)
     }
 
+    /// Remove the directory off the async runtime (a workspace may hold many files).
+    pub async fn remove(self) {
+        let _ = tokio::task::spawn_blocking(move || self.cleanup()).await;
+    }
+
     /// Remove the directory if it carries the marker; errors are logged, never returned.
     pub fn cleanup(&self) {
         if !self.path.join(MARKER).exists() {

@@ -118,6 +118,22 @@ impl WorkspaceAttempt<'_> {
         }
     }
 
+    /// Run one phase's guardrails off the async runtime (they walk the whole tree).
+    async fn guardrails(&self, phase: &'static str, root: &Path) -> Result<(), String> {
+        let list = if phase == "pre" {
+            &self.spec.pre
+        } else {
+            &self.spec.post
+        };
+        if list.is_empty() {
+            return Ok(());
+        }
+        let (list, root) = (list.clone(), root.to_owned());
+        tokio::task::spawn_blocking(move || guardrails::check(phase, &list, &root))
+            .await
+            .map_err(|e| format!("{phase} guardrails stopped: {e}"))?
+    }
+
     /// Run the attempt; the outcome carries `{workspace, result}` on success.
     pub async fn run(
         &self,
@@ -165,7 +181,7 @@ impl WorkspaceAttempt<'_> {
             "workspace downloaded"
         );
 
-        if let Err(e) = guardrails::check("pre", &self.spec.pre, &root) {
+        if let Err(e) = self.guardrails("pre", &root).await {
             return Outcome::Terminal(e);
         }
         let before = if self.spec.read_only {
@@ -182,7 +198,7 @@ impl WorkspaceAttempt<'_> {
             Ok(r) => r,
             Err(outcome) => return outcome,
         };
-        if let Err(e) = guardrails::check("post", &self.spec.post, &root) {
+        if let Err(e) = self.guardrails("post", &root).await {
             return Outcome::Failed(e);
         }
         crash_point(self.transfers, "exit-after-body");
