@@ -228,6 +228,37 @@ impl LakeFsClient {
         })
     }
 
+    /// Every entry of a paginated listing filtered by `prefix`, following `next_offset`.
+    async fn list_prefixed<T: serde::de::DeserializeOwned>(
+        &self,
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        path: &str,
+        prefix: &str,
+    ) -> Result<Vec<T>, LakeFsError> {
+        let amount = PAGE.to_string();
+        let mut after = String::new();
+        let mut all = Vec::new();
+        loop {
+            let response = self
+                .idempotent(call, repository, reference, || {
+                    self.request(Method::GET, path, self.timeout).query(&[
+                        ("prefix", prefix),
+                        ("after", after.as_str()),
+                        ("amount", amount.as_str()),
+                    ])
+                })
+                .await?;
+            let page: Page<T> = Self::json(call, repository, reference, response).await?;
+            all.extend(page.results);
+            if !page.pagination.has_more {
+                return Ok(all);
+            }
+            after = page.pagination.next_offset;
+        }
+    }
+
     /// Every object under `prefix` at `reference`, recursively, following pagination.
     pub async fn list_objects(
         &self,
@@ -241,25 +272,13 @@ impl LakeFsClient {
             segment(repository),
             segment(reference)
         );
-        let mut after = String::new();
-        let mut all = Vec::new();
-        loop {
-            let response = self
-                .idempotent(call, repository, reference, || {
-                    self.request(Method::GET, &path, self.timeout).query(&[
-                        ("prefix", prefix),
-                        ("after", after.as_str()),
-                        ("amount", &PAGE.to_string()),
-                    ])
-                })
-                .await?;
-            let page: Page<ObjectEntry> = Self::json(call, repository, reference, response).await?;
-            all.extend(page.results.into_iter().filter(|e| e.path_type == "object"));
-            if !page.pagination.has_more {
-                return Ok(all);
-            }
-            after = page.pagination.next_offset;
-        }
+        let all: Vec<ObjectEntry> = self
+            .list_prefixed(call, repository, reference, &path, prefix)
+            .await?;
+        Ok(all
+            .into_iter()
+            .filter(|e| e.path_type == "object")
+            .collect())
     }
 
     /// Stream an object's bytes. `timeout` bounds the whole transfer.
@@ -511,30 +530,14 @@ impl LakeFsClient {
     ) -> Result<Vec<String>, LakeFsError> {
         let call = "list branches";
         let path = format!("/repositories/{}/branches", segment(repository));
-        let mut after = String::new();
-        let mut names = Vec::new();
-        loop {
-            let response = self
-                .idempotent(call, repository, prefix, || {
-                    self.request(Method::GET, &path, self.timeout).query(&[
-                        ("prefix", prefix),
-                        ("after", after.as_str()),
-                        ("amount", &PAGE.to_string()),
-                    ])
-                })
-                .await?;
-            let page: Page<Value> = Self::json(call, repository, prefix, response).await?;
-            names.extend(
-                page.results
-                    .iter()
-                    .filter_map(|b| b.get("id").and_then(Value::as_str))
-                    .map(str::to_owned),
-            );
-            if !page.pagination.has_more {
-                return Ok(names);
-            }
-            after = page.pagination.next_offset;
-        }
+        let branches: Vec<Value> = self
+            .list_prefixed(call, repository, prefix, &path, prefix)
+            .await?;
+        Ok(branches
+            .iter()
+            .filter_map(|b| b.get("id").and_then(Value::as_str))
+            .map(str::to_owned)
+            .collect())
     }
 
     pub async fn get_commit(

@@ -155,49 +155,10 @@ fn workspace(repo: &str, reference: &str) -> Value {
     json!({"repository": repo, "branch": "main", "refType": "commit", "ref": reference})
 }
 
-/// Declare a workspace task, register its TaskDef, and start its pod with `body`.
+/// Declare a workspace task without retries, register its TaskDef, and start its pod.
 async fn task_pod(name: &str, workspace_spec: &str, body: &str) -> (ConductorApi, Pod) {
-    let services = services().await;
-    let yaml = format!(
-        r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {{name: t}}
-spec:
-  taskName: {name}
-  ownerEmail: e2e@example.com
-  workspace: {workspace_spec}
-  paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
-  resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
-  controls: {{retry: {{count: 0, delaySeconds: 0}}, timeout: {{responseSeconds: 30}}}}
-  executor: {{body: {{image: body, command: [sh]}}}}
-"#
-    );
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    perago_api::validate(&spec).unwrap();
-    let api = ConductorApi::new(&services.conductor().api_url);
-    api.call(
-        reqwest::Method::POST,
-        "/metadata/taskdefs",
-        Some(&json!([taskdef::render(&spec).unwrap()])),
-    )
-    .await;
-    let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
-    let lake = &services.lakefs().endpoint;
-    let bins = PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    };
-    let env = [
-        ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
-        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
-        (
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-            LAKEFS_SECRET_ACCESS_KEY,
-        ),
-    ];
-    let pod = Pod::start(&bins, &api.base, &contract, body, &env).await;
-    (api, pod)
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    task_pod_with(name, workspace_spec, controls, body, &[]).await
 }
 
 fn only_task(wf: &Value) -> &Value {
@@ -481,7 +442,8 @@ async fn malformed_workspace_input_is_refused_before_any_download() {
     assert!(!pod.path("ran").exists());
 }
 
-/// Declare with custom controls (the other helper uses no retries).
+/// Declare a workspace task with `controls`, register its TaskDef, and start its pod (two
+/// slots) with `body` and `extra_env`.
 async fn task_pod_with(
     name: &str,
     workspace_spec: &str,
@@ -499,7 +461,7 @@ spec:
   taskName: {name}
   ownerEmail: e2e@example.com
   workspace: {workspace_spec}
-  paramsSchema: {{type: object}}
+  paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
   resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
   controls: {controls}
   executor: {{body: {{image: body, command: [sh]}}, slots: 2}}
