@@ -32,9 +32,11 @@ lint:
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:
 	$(CARGO) run -q -p perago-operator -- crd > crds/peragotasks.perago.io.yaml
+	cp crds/peragotasks.perago.io.yaml charts/perago-operator/crds/
 
 check-crds:
 	diff -u crds/peragotasks.perago.io.yaml <($(CARGO) run -q -p perago-operator -- crd)
+	diff -u crds/peragotasks.perago.io.yaml charts/perago-operator/crds/peragotasks.perago.io.yaml
 
 ## Start the real servers in the background; their environment goes to $(ENV_FILE).
 services-up: obtain

@@ -1,0 +1,153 @@
+//! The Helm chart: `helm lint`, `helm template`, the chart's CRD equal to the generated one,
+//! and every rendered object accepted by the real kube-apiserver (server-side apply, dry run).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::GroupVersionKind;
+use kube::{Client, Config};
+use perago_e2e::process::obtain;
+use perago_e2e::{Selection, shared};
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/perago-operator")
+}
+
+fn helm(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(obtain("helm").unwrap())
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_chart_lints_and_carries_the_generated_crd() {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let (ok, out, err) = helm(&[
+        "lint",
+        chart,
+        "--strict",
+        "--set",
+        "conductor.url=http://conductor:8080/api",
+    ]);
+    assert!(ok, "{out}{err}");
+    let generated = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/peragotasks.perago.io.yaml"),
+    )
+    .unwrap();
+    let in_chart =
+        std::fs::read_to_string(Path::new(chart).join("crds/peragotasks.perago.io.yaml")).unwrap();
+    assert_eq!(
+        in_chart, generated,
+        "charts/perago-operator/crds is a copy of crds/ (make crds)"
+    );
+    let (ok, _, err) = helm(&["template", "t", chart, "--kube-version", "1.35.4"]);
+    assert!(!ok);
+    assert!(err.contains("conductor.url is required"), "{err}");
+}
+
+#[tokio::test]
+async fn rendered_chart_objects_pass_the_apiserver() {
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
+    let client = Client::try_from(
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "perago-system"}})).unwrap();
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+
+    let chart = chart();
+    for extra in [
+        &[][..],
+        &[
+            "--set",
+            "leaderElection.enabled=false",
+            "--set",
+            "lakefs.endpoint=http://lakefs:8000",
+        ][..],
+    ] {
+        let mut args = vec![
+            "template",
+            "perago",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "perago-system",
+            "--kube-version",
+            "1.35.4",
+            "--include-crds",
+            "--set",
+            "conductor.url=http://conductor:8080/api",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = helm(&args);
+        assert!(ok, "{err}");
+        let mut kinds = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&out) {
+            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+            if value.is_null() {
+                continue;
+            }
+            let obj: DynamicObject = serde_yaml::from_value(value).unwrap();
+            let types = obj.types.clone().unwrap();
+            let (group, version) = types
+                .api_version
+                .rsplit_once('/')
+                .unwrap_or(("", &types.api_version));
+            let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+            let (resource, caps) = kube::discovery::pinned_kind(&client, &gvk).await.unwrap();
+            let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+                Api::namespaced_with(client.clone(), "perago-system", &resource)
+            } else {
+                Api::all_with(client.clone(), &resource)
+            };
+            let name = obj.metadata.name.clone().unwrap();
+            api.patch(
+                &name,
+                &PatchParams::apply("perago-test").dry_run(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{} {name}: {e}", types.kind));
+            kinds.push(types.kind);
+        }
+        for expected in [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+        ] {
+            assert!(
+                kinds.iter().any(|k| k == expected),
+                "{expected} missing from {kinds:?}"
+            );
+        }
+        assert_eq!(
+            kinds.iter().any(|k| k == "Role"),
+            extra.is_empty(),
+            "the leader Role follows leaderElection.enabled"
+        );
+    }
+}
