@@ -184,6 +184,14 @@ pub struct Kube {
 }
 
 impl Kube {
+    /// A client of this apiserver, as the admin user of its kubeconfig.
+    pub async fn client(&self) -> Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
     pub async fn start(dir: &Path) -> Result<Self> {
         let etcd_bin = obtain("etcd")?;
         let apiserver_bin = obtain("kube-apiserver")?;

@@ -8,9 +8,7 @@ use std::process::Command;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
-use kube::{Client, Config};
 use perago_e2e::process::obtain;
 use perago_e2e::{Selection, shared};
 
@@ -64,13 +62,7 @@ async fn rendered_chart_objects_pass_the_apiserver() {
         ..Selection::default()
     })
     .await;
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    let client = Client::try_from(
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let client = services.kube().client().await.unwrap();
     let ns: Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "perago-system"}})).unwrap();
     let _ = Api::<Namespace>::all(client.clone())

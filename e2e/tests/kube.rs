@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use perago_api::PeragoTask;
 use perago_e2e::{Selection, shared};
 
@@ -18,11 +17,7 @@ async fn client() -> Client {
         ..Selection::default()
     })
     .await;
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    services.kube().client().await.unwrap()
 }
 
 fn repo_file(path: &str) -> String {

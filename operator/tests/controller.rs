@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use perago_api::{PeragoTask, manifest, taskdef};
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, Services, shared};
@@ -27,13 +26,7 @@ async fn services() -> &'static Services {
 }
 
 async fn client(services: &Services) -> Client {
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    Client::try_from(
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap()
+    services.kube().client().await.unwrap()
 }
 
 async fn install_crd(client: &Client) {

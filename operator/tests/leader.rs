@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use perago_e2e::process::free_port;
 use perago_e2e::{Selection, shared};
 use tokio::process::{Child, Command};
@@ -49,13 +48,7 @@ async fn one_replica_leads_and_the_other_takes_over() {
         ..Selection::default()
     })
     .await;
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    let client = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let client = services.kube().client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client, "default");
     let ports = [free_port().unwrap(), free_port().unwrap()];
     let mut replicas = [

@@ -8,9 +8,8 @@ use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
 use kube::api::{Api, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use perago_e2e::{Selection, shared};
 
 async fn client() -> Client {
@@ -19,11 +18,7 @@ async fn client() -> Client {
         ..Selection::default()
     })
     .await;
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
+    services.kube().client().await.unwrap()
 }
 
 #[tokio::test]

@@ -12,7 +12,6 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use perago_api::{PeragoTask, contract, taskdef, validate};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::{Selection, Services};
@@ -30,10 +29,7 @@ async fn main() -> Result<()> {
         ..Selection::default()
     })
     .await?;
-    let kubeconfig = Kubeconfig::read_from(&services.kube().kubeconfig)?;
-    let client = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?,
-    )?;
+    let client = services.kube().client().await?;
 
     let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(
         repo.join("crds/peragotasks.perago.io.yaml"),
