@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench lint crds check-crds obtain services-up services-down clean
+.PHONY: build demo test bench lint crds check-crds manifests obtain services-up services-down clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -33,6 +33,11 @@ lint:
 crds:
 	$(CARGO) run -q -p perago-operator -- crd > crds/peragotasks.perago.io.yaml
 	cp crds/peragotasks.perago.io.yaml charts/perago-operator/crds/
+
+## Regenerate the kustomize base from the chart (a test fails when it drifts).
+manifests: crds
+	e2e/bin/obtain helm >/dev/null
+	deploy/kustomize/generate $$(e2e/bin/obtain helm | cut -d' ' -f2) > deploy/kustomize/base/perago-operator.yaml
 
 check-crds:
 	diff -u crds/peragotasks.perago.io.yaml <($(CARGO) run -q -p perago-operator -- crd)
