@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench lint crds check-crds manifests obtain services-up services-down clean
+.PHONY: build demo test bench lint crds check-crds manifests docs release-binaries check-images obtain services-up services-down clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -12,9 +12,9 @@ build:
 obtain:
 	e2e/bin/obtain all
 
-## The main job: example PeragoTasks against real Conductor and kube-apiserver servers.
+## The main job: the operator and a workspace task publishing to lakeFS, on the real servers.
 demo: obtain
-	$(CARGO) build -q -p perago-sidecar --bins
+	$(CARGO) build -q -p perago-sidecar -p perago-operator --bins
 	$(CARGO) run -q -p perago-e2e --bin perago-demo
 
 ## Every test: unit, CLI, the differential test against Python Perago, and the real servers.
@@ -24,6 +24,25 @@ test: obtain
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain
 	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
+
+## Regenerate the PeragoTask reference from the CRD (a test fails when it drifts).
+docs:
+	$(CARGO) run -q -p perago-operator -- reference > docs/reference/peragotask.md
+
+## Static (musl) release binaries into $(OUT), exactly as the Dockerfile's build stage makes them.
+RELEASE_TARGET := x86_64-unknown-linux-musl
+OUT ?= target/release-binaries
+release-binaries:
+	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar --bins
+	mkdir -p $(OUT)
+	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner) $(OUT)/
+
+## Lint the Dockerfile and check the binaries it ships (static, run as the image's user).
+check-images:
+	e2e/bin/obtain hadolint >/dev/null
+	$$(e2e/bin/obtain hadolint | cut -d' ' -f2) Dockerfile
+	$(MAKE) release-binaries
+	e2e/bin/check-release-binaries $(OUT)
 
 lint:
 	$(CARGO) fmt --all --check

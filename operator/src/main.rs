@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod cli;
 mod conductor;
 mod controller;
+mod reference;
 mod render;
 mod telemetry;
 
@@ -26,6 +27,8 @@ struct Args {
 enum Command {
     /// Print the PeragoTask CustomResourceDefinition as YAML.
     Crd,
+    /// Print the PeragoTask reference document (Markdown), generated from the CRD.
+    Reference,
     /// Validate the PeragoTasks of a manifest offline.
     Check {
         /// Manifest file (YAML, several documents allowed); `-` reads standard input.
@@ -199,6 +202,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let outcome = match args.command {
         Command::Crd => cli::crd(),
+        Command::Reference => reference::print(),
         Command::Check { file } => cli::check(&file),
         Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
         Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),

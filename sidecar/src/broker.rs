@@ -271,10 +271,7 @@ impl Broker {
                 .params(accepted.params, self.contract.strict_params)?;
             Ok((workspace, params))
         });
-        self.metrics
-            .phase_seconds
-            .with_label_values(&["input"])
-            .observe(started.elapsed().as_secs_f64());
+        self.metrics.observe_phase("input", started);
         let (workspace, params) = match accepted {
             Ok(p) => p,
             Err(reason) => {
@@ -362,10 +359,7 @@ impl Broker {
             match self.conductor.update_task(&body, timeout).await {
                 Ok(()) => {
                     self.metrics.attempts.with_label_values(&[status]).inc();
-                    self.metrics
-                        .phase_seconds
-                        .with_label_values(&["report"])
-                        .observe(started.elapsed().as_secs_f64());
+                    self.metrics.observe_phase("report", started);
                     info!(
                         phase = "report",
                         status,

@@ -201,10 +201,7 @@ pub async fn run_body(
     );
     let started = std::time::Instant::now();
     let end = wait(run, done).await;
-    run.metrics
-        .phase_seconds
-        .with_label_values(&["body"])
-        .observe(started.elapsed().as_secs_f64());
+    run.metrics.observe_phase("body", started);
     record_application_metrics(run.metrics, dir).await;
     let end = match end {
         Waited::Ended(end) => end,

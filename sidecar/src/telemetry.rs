@@ -54,7 +54,7 @@ pub struct Metrics {
     pub polls: IntCounterVec,
     pub polled_tasks: IntCounter,
     pub attempts: IntCounterVec,
-    pub phase_seconds: HistogramVec,
+    phase_seconds: HistogramVec,
     pub slots: IntGauge,
     pub slots_busy: IntGauge,
     pub runner_connected: IntGauge,
@@ -333,6 +333,13 @@ impl Metrics {
         let mut buffer = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// One attempt phase (input, download, body, fence, publish, report) took since `started`.
+    pub fn observe_phase(&self, phase: &str, started: std::time::Instant) {
+        self.phase_seconds
+            .with_label_values(&[phase])
+            .observe(started.elapsed().as_secs_f64());
     }
 
     pub fn record_attempt_seconds(&self, seconds: f64) {

@@ -249,6 +249,15 @@ async fn a_changed_workspace_is_published_with_complete_metadata() {
     assert_eq!(staging_commit.message, "perago try");
     assert!(m["perago.staging_branch"].starts_with("perago-staging-"));
     lake.assert_no_staging_branch(&repo).await;
+    let phases: Vec<String> = ["input", "download", "body", "fence", "publish", "report"]
+        .iter()
+        .map(|p| format!("perago_sidecar_phase_duration_seconds_count{{phase=\"{p}\"}} 1"))
+        .collect();
+    let expected: Vec<&str> = phases.iter().map(String::as_str).collect();
+    let metrics = pod.metrics_with(&expected).await;
+    for line in expected {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
 }
 
 #[tokio::test]

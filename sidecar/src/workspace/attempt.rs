@@ -162,6 +162,7 @@ impl WorkspaceAttempt<'_> {
         )
         .await;
         let seconds = started.elapsed().as_secs_f64();
+        run.metrics.observe_phase("download", started);
         let manifest = match downloaded {
             Ok(m) => {
                 run.metrics
@@ -212,11 +213,14 @@ impl WorkspaceAttempt<'_> {
             Err(e) => return Outcome::Failed(e),
         };
         let changed = after != before;
+        let fencing = Instant::now();
         if let Err(reason) = self.attempt_fence(snapshot).await {
             return Outcome::Failed(reason);
         }
         let logical_key = snapshot.logical_task_key();
-        let base = match publish::publish_fence(self.lakefs, ws, &logical_key).await {
+        let fenced = publish::publish_fence(self.lakefs, ws, &logical_key).await;
+        run.metrics.observe_phase("fence", fencing);
+        let base = match fenced {
             Ok(b) => b,
             Err(e) => return Outcome::Failed(e),
         };
@@ -228,6 +232,7 @@ impl WorkspaceAttempt<'_> {
             return completed(ws, result);
         }
         let mut staging = Staging { branch: None };
+        let publishing = Instant::now();
         let outcome = self
             .publish(
                 run,
@@ -241,6 +246,7 @@ impl WorkspaceAttempt<'_> {
             )
             .await;
         staging.cleanup(self.lakefs, &ws.repository).await;
+        run.metrics.observe_phase("publish", publishing);
         outcome
     }
 
