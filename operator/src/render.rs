@@ -328,7 +328,15 @@ pub fn deployment(
         env_from: (!body.env_from.is_empty()).then(|| body.env_from.clone()),
         resources: body.resources.clone(),
         working_dir: body.working_dir.clone(),
-        volume_mounts: Some(vec![work_mount()]),
+        // The root filesystem is read-only: /tmp is a scratch emptyDir of its own.
+        volume_mounts: Some(vec![
+            work_mount(),
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..VolumeMount::default()
+            },
+        ]),
         security_context: Some(body.security_context.clone().unwrap_or_else(restricted)),
         ..Container::default()
     };
@@ -377,6 +385,11 @@ pub fn deployment(
                                         .unwrap_or_else(|| quantity("10Gi")),
                                 ),
                             }),
+                            ..Volume::default()
+                        },
+                        Volume {
+                            name: "tmp".into(),
+                            empty_dir: Some(EmptyDirVolumeSource::default()),
                             ..Volume::default()
                         },
                         Volume {
@@ -524,6 +537,13 @@ mod tests {
             work.empty_dir.as_ref().unwrap().size_limit,
             Some(quantity("10Gi"))
         );
+        let mounts: Vec<_> = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(mounts, [("perago-work", "/perago-work"), ("tmp", "/tmp")]);
     }
 
     #[test]
