@@ -404,6 +404,10 @@ pub fn deployment(
                     termination_grace_period_seconds: Some(termination),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
+                        // Body images often default to root, which runAsNonRoot refuses:
+                        // run as the distroless `nonroot` user unless the body says otherwise.
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
                         // Both containers share the emptyDir through this group.
                         fs_group: Some(65532),
                         seccomp_profile: Some(SeccompProfile {
