@@ -159,6 +159,82 @@ async fn patch_status(
     Ok(())
 }
 
+/// Create the TaskDef, or rewrite it when it no longer holds the rendered values.
+async fn register_task_def(
+    ctx: &Context,
+    task: &PeragoTask,
+    base: &str,
+    doc: &serde_json::Value,
+) -> Result<(), crate::conductor::MetadataError> {
+    let name = &task.spec.task_name;
+    match ctx.conductor.get(base, name).await? {
+        None => {
+            ctx.conductor.create(base, name, doc).await?;
+            info!(task_def = %name, "registered the TaskDef");
+            publish_event(
+                ctx,
+                task,
+                EventType::Normal,
+                "TaskDefRegistered",
+                format!("registered TaskDef {name} in Conductor"),
+            )
+            .await;
+        }
+        Some(stored) if !holds(&stored, doc) => {
+            ctx.conductor.update(base, name, doc).await?;
+            info!(task_def = %name, "repaired the TaskDef");
+            publish_event(
+                ctx,
+                task,
+                EventType::Normal,
+                "TaskDefRepaired",
+                format!("TaskDef {name} differed from the PeragoTask in Conductor; rewrote it"),
+            )
+            .await;
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// A failed Conductor call: say so in the status (not Ready, still reconciling — it is
+/// transient, so not Stalled) and once per distinct message in a Warning event; the error
+/// policy retries.
+async fn conductor_unavailable(
+    api: &Api<PeragoTask>,
+    task: &PeragoTask,
+    ctx: &Context,
+    old: &PeragoTaskStatus,
+    error: crate::conductor::MetadataError,
+) -> Error {
+    const REASON: &str = "ConductorUnavailable";
+    let message = error.to_string();
+    let generation = task.metadata.generation;
+    let repeated = old
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.reason == REASON && c.message == message);
+    let status = PeragoTaskStatus {
+        observed_generation: generation,
+        conditions: merge_conditions(
+            &old.conditions,
+            vec![
+                condition("Ready", false, REASON, &message, generation),
+                condition("Reconciling", true, REASON, &message, generation),
+                condition("Stalled", false, "Valid", "", generation),
+            ],
+        ),
+        ..old.clone()
+    };
+    if let Err(e) = patch_status(api, task, status).await {
+        warn!(error = %e, "recording the Conductor failure in the status failed");
+    }
+    if !repeated {
+        publish_event(ctx, task, EventType::Warning, REASON, message).await;
+    }
+    Error::Conductor(error)
+}
+
 async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
@@ -205,39 +281,18 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     // The TaskDef: create, or repair when it drifted.
     let name = &task.spec.task_name;
     let base = conductor_url(&task, ctx);
-    match ctx.conductor.get(&base, name).await? {
-        None => {
-            ctx.conductor.create(&base, name, &doc).await?;
-            info!(task_def = %name, "registered the TaskDef");
-            publish_event(
-                ctx,
-                &task,
-                EventType::Normal,
-                "TaskDefRegistered",
-                format!("registered TaskDef {name} in Conductor"),
-            )
-            .await;
-        }
-        Some(stored) if !holds(&stored, &doc) => {
-            ctx.conductor.update(&base, name, &doc).await?;
-            info!(task_def = %name, "repaired the TaskDef");
-            publish_event(
-                ctx,
-                &task,
-                EventType::Normal,
-                "TaskDefRepaired",
-                format!("TaskDef {name} differed from the PeragoTask in Conductor; rewrote it"),
-            )
-            .await;
-        }
-        Some(_) => {}
+    if let Err(e) = register_task_def(ctx, &task, &base, &doc).await {
+        return Err(conductor_unavailable(&api, &task, ctx, &old, e).await);
     }
 
     // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
     let mut replicas = task.spec.executor.replicas;
     let mut queue_depth = old.queue_depth;
     if let Some(auto) = &task.spec.executor.autoscaling {
-        let depth = ctx.conductor.queue_depth(&base, name).await?;
+        let depth = match ctx.conductor.queue_depth(&base, name).await {
+            Ok(depth) => depth,
+            Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
+        };
         queue_depth = Some(depth);
         let wanted = recommended(depth, auto);
         let window =

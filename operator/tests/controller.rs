@@ -466,3 +466,84 @@ async fn retained_taskdefs_survive_and_an_hpa_owns_replicas_through_scale() {
         "deletionPolicy: Retain keeps the TaskDef"
     );
 }
+
+#[tokio::test]
+async fn an_unreachable_conductor_is_reported_and_the_task_recovers_when_it_is_reachable() {
+    let services = services().await;
+    let client = client(services).await;
+    install_crd(&client).await;
+    operator(services).await;
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let apply = PatchParams::apply("perago-test").force();
+    let nowhere = format!(
+        "http://127.0.0.1:{}/api",
+        perago_e2e::process::free_port().unwrap()
+    );
+    let t = task(
+        "offline",
+        "op.offline",
+        &format!("  conductor: {{url: \"{nowhere}\"}}\n"),
+    );
+    tasks
+        .patch("offline", &apply, &Patch::Apply(&t))
+        .await
+        .unwrap();
+    let ready = eventually("Ready=False ConductorUnavailable", || async {
+        let live = tasks.get("offline").await.ok()?;
+        condition(&live, "Ready").filter(|c| c.1 == "ConductorUnavailable")
+    })
+    .await;
+    assert_eq!(ready.0, "False");
+    assert!(
+        ready.2.contains("127.0.0.1"),
+        "names the server: {}",
+        ready.2
+    );
+    let live = tasks.get("offline").await.unwrap();
+    assert_eq!(condition(&live, "Reconciling").unwrap().0, "True");
+    assert_eq!(condition(&live, "Stalled").unwrap().0, "False", "transient");
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let warned = eventually("a ConductorUnavailable Warning event", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("ConductorUnavailable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("offline")
+        })
+    })
+    .await;
+    assert_eq!(warned.type_.as_deref(), Some("Warning"));
+    assert!(
+        Api::<Deployment>::namespaced(client.clone(), "default")
+            .get_opt("offline-perago")
+            .await
+            .unwrap()
+            .is_none(),
+        "no executor pods for a task whose TaskDef is not registered"
+    );
+
+    // Pointed at a reachable Conductor, the task registers and rolls out.
+    let fixed = task(
+        "offline",
+        "op.offline",
+        &format!(
+            "  conductor: {{url: \"{}\"}}\n",
+            services.conductor().api_url
+        ),
+    );
+    tasks
+        .patch("offline", &apply, &Patch::Apply(&fixed))
+        .await
+        .unwrap();
+    let ready = eventually("Ready=False RollingOut after recovery", || async {
+        let live = tasks.get("offline").await.ok()?;
+        live.status.as_ref()?.task_def_hash.as_ref()?;
+        condition(&live, "Ready").filter(|c| c.1 == "RollingOut")
+    })
+    .await;
+    assert_eq!(ready.0, "False");
+    tasks
+        .delete("offline", &DeleteParams::default())
+        .await
+        .unwrap();
+}
