@@ -39,6 +39,7 @@ impl Schemas {
             strip_undeclared(&self.params_schema, &mut params);
         }
         check(&self.params, &params, "params")?;
+        fill_defaults(&self.params_schema, &mut params);
         Ok(params)
     }
 
@@ -162,6 +163,49 @@ pub fn strip_undeclared(schema: &Value, value: &mut Value) {
             if let Some(item_schema) = schema.get("items") {
                 for item in items {
                     strip_undeclared(item_schema, item);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Fill in the schema's `default` of every declared property the value lacks, at every level
+/// (as a Pydantic model hands defaults to Python Perago's task functions), so bodies in any
+/// language see the same params. Runs after validation; defaults are taken as declared.
+pub fn fill_defaults(schema: &Value, value: &mut Value) {
+    let Some(schema) = schema.as_object() else {
+        return;
+    };
+    if let Some(branch) = union_branch(schema, value) {
+        fill_defaults(branch, value);
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            if let Some(properties) = declared_properties(schema) {
+                for (key, sub) in &properties {
+                    match map.get_mut(key) {
+                        Some(item) => fill_defaults(sub, item),
+                        None => {
+                            if let Some(default) = sub.get("default") {
+                                map.insert(key.clone(), default.clone());
+                            }
+                        }
+                    }
+                }
+            } else if let Some(values) =
+                schema.get("additionalProperties").filter(|v| v.is_object())
+            {
+                for item in map.values_mut() {
+                    fill_defaults(values, item);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for item in items {
+                    fill_defaults(item_schema, item);
                 }
             }
         }
@@ -326,6 +370,27 @@ mod tests {
         );
         // Constraints still apply.
         assert!(s.params(json!({"n": "x", "zzz": 1}), false).is_err());
+    }
+
+    #[test]
+    fn absent_params_get_their_declared_defaults_at_every_level() {
+        let schema = json!({"type": "object", "properties": {
+            "mode": {"type": "string", "default": "fast"},
+            "given": {"type": "integer", "default": 1},
+            "window": {"type": "object", "properties": {
+                "start": {"type": "integer", "default": 0},
+                "end": {"type": "integer"}}},
+            "rows": {"type": "array", "items": {"type": "object", "properties": {
+                "w": {"type": "number", "default": 1.5}}}},
+            "maybe": {"anyOf": [{"type": "object", "properties": {"k": {"default": "v"}}}, {"type": "null"}]}}});
+        let mut params =
+            json!({"given": 7, "window": {"end": 9}, "rows": [{}, {"w": 2}], "maybe": {}});
+        fill_defaults(&schema, &mut params);
+        assert_eq!(
+            params,
+            json!({"mode": "fast", "given": 7, "window": {"start": 0, "end": 9},
+                   "rows": [{"w": 1.5}, {"w": 2}], "maybe": {"k": "v"}})
+        );
     }
 
     #[test]
