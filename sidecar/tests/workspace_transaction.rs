@@ -393,8 +393,9 @@ async fn guardrails_and_symlinks_fail_without_touching_the_target() {
 async fn a_foreign_commit_on_the_target_fails_the_publication_closed() {
     let lake = Lake::new().await;
     let (repo, input) = lake.repository("ws-foreign", &[("a.txt", "a")]).await;
+    // n = 1: an unchanged workspace (a no-op); otherwise the body adds b.txt after a pause.
     let body = format!(
-        "echo $$ > \"$T/started\"\nsleep 2\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
+        "if grep -q '\"n\": *1' \"$PERAGO_PARAMS\"; then {COUNT_FILES}; exit 0; fi\necho $$ > \"$T/started\"\nsleep 2\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
     );
     let (api, pod) = task_pod("ws.foreign", "{prefix: /}", &body).await;
     let id = api
@@ -420,6 +421,27 @@ async fn a_foreign_commit_on_the_target_fails_the_publication_closed() {
     assert_eq!(
         t["reasonForIncompletion"],
         format!("main advanced from {input} to {foreign}")
+    );
+    assert_eq!(lake.head(&repo).await, foreign, "the target is untouched");
+    lake.assert_no_staging_branch(&repo).await;
+
+    // A no-op attempt from the old input ref cannot complete either: its output would claim
+    // a ref the branch has left.
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.foreign",
+                "foreign-noop",
+                json!({"workspace": workspace(&repo, &input), "params": {"n": 1}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED", "{wf}");
+    assert_eq!(
+        t["reasonForIncompletion"],
+        format!("main cannot complete no-op from input ref {input}; current head is {foreign}")
     );
     assert_eq!(lake.head(&repo).await, foreign, "the target is untouched");
     lake.assert_no_staging_branch(&repo).await;

@@ -222,6 +222,18 @@ impl WorkspaceAttempt<'_> {
         run.metrics.observe_phase("fence", fencing);
         let base = match fenced {
             Ok(b) => b,
+            // Nothing to publish and the branch is no longer where the input was: the
+            // reference's no-op refusal, naming the head.
+            Err(e) if !changed => {
+                let reason = match self.lakefs.branch_head(&ws.repository, &ws.branch).await {
+                    Ok(head) => format!(
+                        "{} cannot complete no-op from input ref {}; current head is {head}",
+                        ws.branch, ws.reference
+                    ),
+                    Err(_) => e,
+                };
+                return Outcome::Failed(reason);
+            }
             Err(e) => return Outcome::Failed(e),
         };
         if !changed && base.supersedes.is_none() {
