@@ -74,6 +74,23 @@ pub fn taskdef(file: &Path, output: Option<&Path>) -> Result<(), String> {
     }
 }
 
+/// Print the sidecar's task contract of the one PeragoTask in a manifest (the `contract.json`
+/// of its ConfigMap), for running a pod locally with `perago-sidecar local`.
+pub fn contract(file: &Path) -> Result<(), String> {
+    let tasks = read_manifest(file)?;
+    let [task] = tasks.as_slice() else {
+        return Err(format!(
+            "the manifest holds {} PeragoTasks; contract renders exactly one",
+            tasks.len()
+        ));
+    };
+    validated(task)?;
+    let contract = perago_api::contract::render(&task.task.spec)
+        .map_err(|e| format!("{}: {e}", task.display_name()))?;
+    println!("{}", crate::render::contract_text(&contract));
+    Ok(())
+}
+
 /// Print the ConfigMap and Deployment the operator creates for each PeragoTask, as
 /// multi-document YAML (the objects carry owner references to the task; the live operator
 /// also sets the replica count from autoscaling when that is enabled).

@@ -57,6 +57,12 @@ enum Command {
         #[command(flatten)]
         process: ProcessArgs,
     },
+    /// Print the sidecar's task contract of the one PeragoTask in a manifest (JSON).
+    Contract {
+        /// Manifest file (YAML); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
     /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
     Render {
         /// Manifest file (YAML, several documents allowed); `-` reads standard input.
@@ -205,6 +211,7 @@ fn main() -> ExitCode {
         Command::Reference => reference::print(),
         Command::Check { file } => cli::check(&file),
         Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
+        Command::Contract { file } => cli::contract(&file),
         Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),
         Command::Run {
             defaults,

@@ -347,3 +347,32 @@ fn taskdef_prints_to_stdout_without_output() {
     assert_eq!(doc["name"], "features.build");
     assert_eq!(doc["inputKeys"], serde_json::json!(["workspace", "params"]));
 }
+
+#[test]
+fn contract_prints_what_the_configmap_holds() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/workspace-task.yaml");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+            .args(args)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let contract: serde_json::Value = serde_json::from_str(&run(&["contract", "-f"])).unwrap();
+    assert_eq!(contract["taskName"], "features.build");
+    assert_eq!(contract["workspace"]["prefix"], "audio/render");
+    let rendered = run(&["render", "--conductor-url", "http://c/api", "-f"]);
+    let config_map: Value = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .find(|d| d["kind"] == "ConfigMap")
+        .unwrap();
+    let held: serde_json::Value =
+        serde_json::from_str(config_map["data"]["contract.json"].as_str().unwrap()).unwrap();
+    assert_eq!(contract, held);
+}
