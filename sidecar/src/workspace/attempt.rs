@@ -215,6 +215,7 @@ impl WorkspaceAttempt<'_> {
         let changed = after != before;
         let fencing = Instant::now();
         if let Err(reason) = self.attempt_fence(snapshot).await {
+            run.metrics.observe_phase("fence", fencing);
             return Outcome::Failed(reason);
         }
         let logical_key = snapshot.logical_task_key();
