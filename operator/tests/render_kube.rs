@@ -87,3 +87,75 @@ async fn rendered_objects_of_every_example_pass_apiserver_validation() {
     }
     assert_eq!(deployments, 4, "one Deployment per example");
 }
+
+/// The chart's PodMonitor selects the executor pods the operator renders, on the sidecar's
+/// named metrics port.
+#[test]
+fn the_chart_pod_monitor_selects_rendered_executor_pods() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let helm = perago_e2e::process::obtain("helm").unwrap();
+    let out = Command::new(helm)
+        .arg("template")
+        .arg("perago")
+        .arg(repo.join("charts/perago-operator"))
+        .args([
+            "--kube-version",
+            "1.35.4",
+            "--set",
+            "conductor.url=http://c/api",
+            "--set",
+            "metrics.podMonitor.enabled=true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let monitor: serde_yaml::Value =
+        serde_yaml::Deserializer::from_str(std::str::from_utf8(&out.stdout).unwrap())
+            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "PodMonitor")
+            .expect("a PodMonitor");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+        .args(["render", "--conductor-url", "http://c/api", "-f"])
+        .arg(repo.join("deploy/examples/workspace-task.yaml"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let deployment: Deployment =
+        serde_yaml::Deserializer::from_str(std::str::from_utf8(&out.stdout).unwrap())
+            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "Deployment")
+            .map(|d| serde_yaml::from_value(d).unwrap())
+            .unwrap();
+    let template = deployment.spec.unwrap().template;
+    let labels = template.metadata.unwrap().labels.unwrap();
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap();
+    assert!(!selector.is_empty());
+    for (key, value) in selector {
+        assert_eq!(
+            labels.get(key.as_str().unwrap()).map(String::as_str),
+            value.as_str(),
+            "pod label {key:?}"
+        );
+    }
+    let port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+        .as_str()
+        .unwrap();
+    let sidecar_ports: Vec<String> = template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+        .flat_map(|c| c.ports.unwrap_or_default())
+        .filter_map(|p| p.name)
+        .collect();
+    assert_eq!(sidecar_ports, [port]);
+}
