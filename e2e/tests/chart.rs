@@ -83,6 +83,8 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "metrics.serviceMonitor.enabled=true",
             "--set",
             "metrics.podMonitor.enabled=true",
+            "--set",
+            "conductor.credentialsSecret=conductor-key",
         ][..],
     ] {
         let mut args = vec![
@@ -100,6 +102,11 @@ async fn rendered_chart_objects_pass_the_apiserver() {
         args.extend_from_slice(extra);
         let (ok, out, err) = helm(&args);
         assert!(ok, "{err}");
+        assert_eq!(
+            out.contains("key: CONDUCTOR_AUTH_KEY"),
+            !extra.is_empty(),
+            "the operator reads the Conductor key only when a credentials Secret is named"
+        );
         let mut kinds = Vec::new();
         for doc in serde_yaml::Deserializer::from_str(&out) {
             let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();

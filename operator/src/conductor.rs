@@ -1,16 +1,39 @@
-//! The Conductor metadata calls of the operator: read, create, update and delete a TaskDef.
-//! Every call has a timeout; errors name the call and the task.
+//! The Conductor metadata calls of the operator: read, create, update and delete a TaskDef,
+//! and the queue depth. Every call has a timeout; errors name the call and the task. With an
+//! Orkes application key, each Conductor's token is fetched once and refreshed on HTTP 401.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+/// Orkes-style application key (`CONDUCTOR_AUTH_KEY` / `CONDUCTOR_AUTH_SECRET`); Conductor
+/// OSS has no authentication and needs none.
+#[derive(Clone)]
+pub struct Credentials {
+    pub key: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("key", &self.key)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
 
 /// Calls take the Conductor base URL (with `/api`): a PeragoTask may name its own Conductor.
 pub struct MetadataClient {
     http: reqwest::Client,
     /// `perago_operator_conductor_calls_total{call, outcome}`.
     calls: Option<prometheus::IntCounterVec>,
+    credentials: Option<Credentials>,
+    /// Token per Conductor base URL.
+    tokens: Mutex<HashMap<String, String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -25,10 +48,13 @@ impl MetadataClient {
     pub fn new(
         timeout: Duration,
         calls: Option<prometheus::IntCounterVec>,
+        credentials: Option<Credentials>,
     ) -> Result<Self, reqwest::Error> {
         Ok(Self {
             http: reqwest::Client::builder().timeout(timeout).build()?,
             calls,
+            credentials,
+            tokens: Mutex::new(HashMap::new()),
         })
     }
 
@@ -36,24 +62,17 @@ impl MetadataClient {
         &self,
         call: &'static str,
         task: &str,
+        base: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<(StatusCode, String), MetadataError> {
-        let error = |detail: String| MetadataError {
-            call,
-            task: task.to_owned(),
-            detail,
-        };
-        let answer = async {
-            let response = request
-                .header("Accept", "*/*")
-                .send()
-                .await
-                .map_err(|e| error(e.to_string()))?;
-            let status = response.status();
-            let text = response.text().await.map_err(|e| error(e.to_string()))?;
-            Ok((status, text))
-        }
-        .await;
+        let answer = self
+            .send_authorized(base, request)
+            .await
+            .map_err(|detail| MetadataError {
+                call,
+                task: task.to_owned(),
+                detail,
+            });
         if let Some(calls) = &self.calls {
             let outcome = match &answer {
                 Ok((status, _)) if status.is_success() => "ok",
@@ -63,6 +82,52 @@ impl MetadataClient {
             calls.with_label_values(&[call, outcome]).inc();
         }
         answer
+    }
+
+    /// Send with the base's token, if credentials are set; an HTTP 401 refreshes the token and
+    /// sends once more.
+    async fn send_authorized(
+        &self,
+        base: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, String), String> {
+        let again = request.try_clone();
+        let answer = exchange(request, self.token(base, false).await?).await?;
+        match again {
+            Some(again) if answer.0 == StatusCode::UNAUTHORIZED && self.credentials.is_some() => {
+                exchange(again, self.token(base, true).await?).await
+            }
+            _ => Ok(answer),
+        }
+    }
+
+    async fn token(&self, base: &str, refresh: bool) -> Result<Option<String>, String> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(None);
+        };
+        let mut tokens = self.tokens.lock().await;
+        if refresh || !tokens.contains_key(base) {
+            let (status, text) = exchange(
+                self.http
+                    .post(format!("{}/token", base.trim_end_matches('/')))
+                    .json(&json!({"keyId": credentials.key, "keySecret": credentials.secret})),
+                None,
+            )
+            .await
+            .map_err(|e| format!("getting a token: {e}"))?;
+            if !status.is_success() {
+                return Err(format!(
+                    "getting a token: HTTP {status}: {}",
+                    text.chars().take(300).collect::<String>()
+                ));
+            }
+            let token = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("token").and_then(Value::as_str).map(str::to_owned))
+                .ok_or_else(|| "getting a token: no token in the answer".to_owned())?;
+            tokens.insert(base.to_owned(), token);
+        }
+        Ok(tokens.get(base).cloned())
     }
 
     fn failed(call: &'static str, task: &str, status: StatusCode, text: &str) -> MetadataError {
@@ -82,6 +147,7 @@ impl MetadataClient {
             .send(
                 "get",
                 name,
+                base,
                 self.http.get(format!(
                     "{}/metadata/taskdefs/{}",
                     base.trim_end_matches('/'),
@@ -110,6 +176,7 @@ impl MetadataClient {
             .send(
                 "create",
                 name,
+                base,
                 self.http
                     .post(format!("{}/metadata/taskdefs", base.trim_end_matches('/')))
                     .json(&body),
@@ -127,6 +194,7 @@ impl MetadataClient {
             .send(
                 "update",
                 name,
+                base,
                 self.http
                     .put(format!("{}/metadata/taskdefs", base.trim_end_matches('/')))
                     .json(doc),
@@ -146,6 +214,7 @@ impl MetadataClient {
             .send(
                 "delete",
                 name,
+                base,
                 self.http.delete(format!(
                     "{}/metadata/taskdefs/{}",
                     base.trim_end_matches('/'),
@@ -172,6 +241,7 @@ impl MetadataClient {
             .send(
                 "queue size",
                 name,
+                base,
                 self.http.get(url).query(&[("taskType", name)]),
             )
             .await?;
@@ -204,6 +274,25 @@ pub fn holds(stored: &Value, rendered: &Value) -> bool {
     }
 }
 
+/// One request and its answer as text.
+async fn exchange(
+    request: reqwest::RequestBuilder,
+    token: Option<String>,
+) -> Result<(StatusCode, String), String> {
+    let request = match token {
+        Some(token) => request.header("X-Authorization", token),
+        None => request,
+    };
+    let response = request
+        .header("Accept", "*/*")
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    Ok((status, text))
+}
+
 fn segment(text: &str) -> String {
     text.bytes()
         .map(|b| {
@@ -219,7 +308,70 @@ fn segment(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fake Orkes endpoint: `/api/token` hands out `t1`, `t2`, ...; TaskDef reads need the
+    /// newest token, so a token outlived by a newer one gets HTTP 401.
+    async fn fake_orkes() -> (String, Arc<AtomicUsize>) {
+        use axum::http::HeaderMap;
+        use axum::routing::{get, post};
+        let issued = Arc::new(AtomicUsize::new(0));
+        let (for_token, for_get) = (issued.clone(), issued.clone());
+        let app = axum::Router::new()
+            .route(
+                "/api/token",
+                post(move |body: String| async move {
+                    let asked: Value = serde_json::from_str(&body).unwrap_or_default();
+                    assert_eq!(asked, json!({"keyId": "k", "keySecret": "s"}));
+                    let n = for_token.fetch_add(1, Ordering::SeqCst) + 1;
+                    json!({"token": format!("t{n}")}).to_string()
+                }),
+            )
+            .route(
+                "/api/metadata/taskdefs/{name}",
+                get(move |headers: HeaderMap| async move {
+                    let newest = format!("t{}", for_get.load(Ordering::SeqCst));
+                    match headers.get("X-Authorization").and_then(|v| v.to_str().ok()) {
+                        Some(token) if token == newest => {
+                            (StatusCode::OK, json!({"name": "x"}).to_string())
+                        }
+                        _ => (StatusCode::UNAUTHORIZED, String::new()),
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/api", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, issued)
+    }
+
+    #[tokio::test]
+    async fn an_orkes_token_is_fetched_once_and_refreshed_on_401() {
+        let (base, issued) = fake_orkes().await;
+        let credentials = Credentials {
+            key: "k".into(),
+            secret: "s".into(),
+        };
+        let client = MetadataClient::new(Duration::from_secs(5), None, Some(credentials)).unwrap();
+        assert!(client.get(&base, "x").await.unwrap().is_some());
+        assert!(client.get(&base, "x").await.unwrap().is_some());
+        assert_eq!(issued.load(Ordering::SeqCst), 1, "the token is reused");
+
+        // Another client's token makes ours stale: one 401, one refresh, then success.
+        issued.fetch_add(1, Ordering::SeqCst);
+        assert!(client.get(&base, "x").await.unwrap().is_some());
+        assert_eq!(issued.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn without_credentials_no_token_is_asked_for() {
+        let (base, issued) = fake_orkes().await;
+        let client = MetadataClient::new(Duration::from_secs(5), None, None).unwrap();
+        let error = client.get(&base, "x").await.unwrap_err();
+        assert!(error.to_string().contains("HTTP 401"), "{error}");
+        assert_eq!(issued.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn drift_ignores_what_conductor_adds_and_sees_what_it_changed() {

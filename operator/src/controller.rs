@@ -478,7 +478,7 @@ mod tests {
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter()),
             client,
-            conductor: MetadataClient::new(Duration::from_millis(200), None).unwrap(),
+            conductor: MetadataClient::new(Duration::from_millis(200), None, None).unwrap(),
             defaults: Defaults {
                 sidecar_image: "sidecar".into(),
                 conductor_url: Some("http://127.0.0.1:9/api".into()),

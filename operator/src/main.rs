@@ -56,6 +56,8 @@ enum Command {
         resync_seconds: u64,
         #[command(flatten)]
         process: ProcessArgs,
+        #[command(flatten)]
+        auth: ConductorAuthArgs,
     },
     /// Print the sidecar's task contract of the one PeragoTask in a manifest (JSON).
     Contract {
@@ -88,6 +90,31 @@ struct ProcessArgs {
     /// Seconds a leader holds the Lease without renewing it.
     #[arg(long, env = "PERAGO_LEASE_DURATION_SECONDS", default_value_t = 15)]
     lease_duration_seconds: u64,
+}
+
+/// The operator's own Orkes application key for its Conductor calls (OSS needs none). Pods
+/// get theirs from the Secret the task or `--conductor-credentials-secret` names.
+#[derive(clap::Args)]
+struct ConductorAuthArgs {
+    #[arg(long, env = "CONDUCTOR_AUTH_KEY", hide_env_values = true)]
+    conductor_auth_key: Option<String>,
+    #[arg(long, env = "CONDUCTOR_AUTH_SECRET", hide_env_values = true)]
+    conductor_auth_secret: Option<String>,
+}
+
+impl ConductorAuthArgs {
+    fn credentials(self) -> Result<Option<conductor::Credentials>, String> {
+        match (self.conductor_auth_key, self.conductor_auth_secret) {
+            (None, None) => Ok(None),
+            (Some(key), Some(secret)) if !key.is_empty() && !secret.is_empty() => {
+                Ok(Some(conductor::Credentials { key, secret }))
+            }
+            _ => Err(
+                "CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET go together: set both or neither"
+                    .into(),
+            ),
+        }
+    }
 }
 
 /// The operator's cluster-wide defaults.
@@ -127,6 +154,7 @@ fn run(
     timeout: u64,
     resync: u64,
     process: ProcessArgs,
+    credentials: Option<conductor::Credentials>,
 ) -> Result<(), String> {
     let _ = tracing_subscriber::fmt()
         .json()
@@ -154,6 +182,7 @@ fn run(
         let conductor = conductor::MetadataClient::new(
             std::time::Duration::from_secs(timeout.max(1)),
             Some(metrics.conductor_calls.clone()),
+            credentials,
         )
         .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
@@ -218,12 +247,16 @@ fn main() -> ExitCode {
             conductor_timeout_seconds,
             resync_seconds,
             process,
-        } => run(
-            defaults.defaults(),
-            conductor_timeout_seconds,
-            resync_seconds,
-            process,
-        ),
+            auth,
+        } => auth.credentials().and_then(|credentials| {
+            run(
+                defaults.defaults(),
+                conductor_timeout_seconds,
+                resync_seconds,
+                process,
+                credentials,
+            )
+        }),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
