@@ -53,6 +53,45 @@ fn the_chart_lints_and_carries_the_generated_crd() {
     let (ok, _, err) = helm(&["template", "t", chart, "--kube-version", "1.35.4"]);
     assert!(!ok);
     assert!(err.contains("conductor.url is required"), "{err}");
+
+    let meta: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(Path::new(chart).join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        meta["appVersion"].as_str(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "the chart's appVersion (the default image tag) is the workspace version"
+    );
+}
+
+#[test]
+fn values_the_schema_refuses_name_the_value() {
+    let chart = chart();
+    for (value, message) in [
+        ("replicas=two", "at '/replicas': got string, want integer"),
+        (
+            "metrics.serviceMonitr.enabled=true",
+            "additional properties 'serviceMonitr' not allowed",
+        ),
+        (
+            "conductor.url=conductor:8080",
+            "'conductor:8080' does not match pattern",
+        ),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+    ] {
+        let (ok, _, err) = helm(&[
+            "template",
+            "t",
+            chart.to_str().unwrap(),
+            "--set",
+            "conductor.url=http://conductor:8080/api",
+            "--set",
+            value,
+        ]);
+        assert!(!ok, "{value} accepted");
+        assert!(err.contains(message), "{value}: {err}");
+    }
 }
 
 #[tokio::test]
