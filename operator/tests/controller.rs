@@ -547,3 +547,81 @@ async fn an_unreachable_conductor_is_reported_and_the_task_recovers_when_it_is_r
         .await
         .unwrap();
 }
+
+/// No kubelet or controller-manager runs here, so the test reports the Deployment's rollout
+/// through its `/status` subresource, as the Deployment controller would: the task turns
+/// Ready only once every replica of the current generation is updated and ready.
+#[tokio::test]
+async fn a_rolled_out_deployment_makes_the_task_ready() {
+    let services = services().await;
+    let client = client(services).await;
+    install_crd(&client).await;
+    operator(services).await;
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let apply = PatchParams::apply("perago-test").force();
+    let mut t = task("rollout", "op.rollout", "");
+    t.spec.executor.replicas = 2;
+    tasks
+        .patch("rollout", &apply, &Patch::Apply(&t))
+        .await
+        .unwrap();
+    let generation = eventually("the Deployment exists", || async {
+        deployments
+            .get("rollout-perago")
+            .await
+            .ok()?
+            .metadata
+            .generation
+    })
+    .await;
+
+    let report = |ready: i32| {
+        json!({"status": {"observedGeneration": generation, "replicas": 2,
+                          "updatedReplicas": 2, "readyReplicas": ready, "availableReplicas": ready}})
+    };
+    deployments
+        .patch_status(
+            "rollout-perago",
+            &PatchParams::default(),
+            &Patch::Merge(&report(1)),
+        )
+        .await
+        .unwrap();
+    let live = eventually("readyReplicas 1 in the status", || async {
+        let live = tasks.get("rollout").await.ok()?;
+        (live.status.as_ref()?.ready_replicas == Some(1)).then_some(live)
+    })
+    .await;
+    let ready = condition(&live, "Ready").unwrap();
+    assert_eq!(
+        (ready.0.as_str(), ready.1.as_str()),
+        ("False", "RollingOut")
+    );
+
+    deployments
+        .patch_status(
+            "rollout-perago",
+            &PatchParams::default(),
+            &Patch::Merge(&report(2)),
+        )
+        .await
+        .unwrap();
+    let live = eventually("Ready=True once both replicas are ready", || async {
+        let live = tasks.get("rollout").await.ok()?;
+        condition(&live, "Ready")
+            .filter(|c| c.0 == "True")
+            .map(|_| live)
+    })
+    .await;
+    let status = live.status.clone().unwrap();
+    assert_eq!((status.replicas, status.ready_replicas), (Some(2), Some(2)));
+    assert_eq!(condition(&live, "Reconciling").unwrap().0, "False");
+    assert_eq!(condition(&live, "Stalled").unwrap().0, "False");
+    assert_eq!(status.observed_generation, live.metadata.generation);
+
+    tasks
+        .delete("rollout", &DeleteParams::default())
+        .await
+        .unwrap();
+}
