@@ -1,6 +1,7 @@
 //! Workspace-free throughput of the sidecar against the real Conductor, beside a bare
-//! poll-and-complete loop on the same server, and the resident memory of the sidecar and the
-//! runner. Prints figures and ratios; asserts nothing. Run with `make bench`.
+//! poll-and-complete loop and Python Perago 0.6.1 (`perago start`, from PyPI) on the same
+//! server, and the resident memory of each. Prints figures and ratios; asserts nothing. Run
+//! with `make bench`.
 //!
 //! PERAGO_BENCH_TASKS (default 300) sets the tasks per run.
 
@@ -66,11 +67,18 @@ async fn fill(api: &Arc<ConductorApi>, n: usize) -> Vec<String> {
 struct Figures {
     seconds: f64,
     latencies_ms: Vec<f64>,
+    /// First poll to last completion, from Conductor's task timestamps: the same clock for
+    /// every runtime, whatever its start-up time.
+    server_seconds: f64,
 }
 
 impl Figures {
     fn rate(&self, n: usize) -> f64 {
         n as f64 / self.seconds
+    }
+
+    fn server_rate(&self, n: usize) -> f64 {
+        n as f64 / self.server_seconds
     }
 
     fn percentile(&self, p: f64) -> f64 {
@@ -92,9 +100,11 @@ impl Figures {
     }
 }
 
-/// Poll → COMPLETED per task, from Conductor's own start and end times.
-async fn latencies(api: &ConductorApi, ids: &[String]) -> Vec<f64> {
-    let mut out = Vec::new();
+/// Poll → COMPLETED per task (ms) and the span from the first poll to the last completion
+/// (s), from Conductor's own start and end times.
+async fn server_times(api: &ConductorApi, ids: &[String]) -> (Vec<f64>, f64) {
+    let mut latencies = Vec::new();
+    let (mut first, mut last) = (f64::MAX, 0f64);
     for id in ids {
         let wf = api.workflow(id).await;
         assert_eq!(wf["status"], "COMPLETED", "{wf}");
@@ -103,9 +113,20 @@ async fn latencies(api: &ConductorApi, ids: &[String]) -> Vec<f64> {
             t["startTime"].as_f64().unwrap(),
             t["endTime"].as_f64().unwrap(),
         );
-        out.push(end - start);
+        latencies.push(end - start);
+        first = first.min(start);
+        last = last.max(end);
     }
-    out
+    (latencies, (last - first) / 1000.0)
+}
+
+async fn figures(api: &ConductorApi, ids: &[String], seconds: f64) -> Figures {
+    let (latencies_ms, server_seconds) = server_times(api, ids).await;
+    Figures {
+        seconds,
+        latencies_ms,
+        server_seconds,
+    }
 }
 
 /// The ceiling: `workers` loops that batch-poll one task and complete it at once.
@@ -137,11 +158,7 @@ async fn bare_loop(api: &Arc<ConductorApi>, n: usize, workers: usize) -> Figures
         });
     }
     while loops.join_next().await.is_some() {}
-    let seconds = started.elapsed().as_secs_f64();
-    Figures {
-        seconds,
-        latencies_ms: latencies(api, &ids).await,
-    }
+    figures(api, &ids, started.elapsed().as_secs_f64()).await
 }
 
 fn rss_mb(pid: u32) -> f64 {
@@ -229,12 +246,113 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     let seconds = started.elapsed().as_secs_f64();
     pod.stop().await;
     PodRun {
-        figures: Figures {
-            seconds,
-            latencies_ms: latencies(api, &ids).await,
-        },
+        figures: figures(api, &ids, seconds).await,
         sidecar_peak_mb: sidecar_peak,
         runner_peak_mb: runner_peak,
+    }
+}
+
+/// Resident memory of every process in process group `pgid` (MB).
+fn group_rss_mb(pgid: u32) -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // Field 5 of /proc/<pid>/stat, after the parenthesised command name.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                })
+                == Some(pgid)
+        })
+        .map(rss_mb)
+        .sum()
+}
+
+/// The same task in Python Perago 0.6.1: a Pydantic model in, a Pydantic model out.
+const PYTHON_MODULE: &str = r#"
+from typing import Optional
+from pydantic import BaseModel
+from perago import task
+
+class Params(BaseModel):
+    n: Optional[int] = None
+
+class Result(BaseModel):
+    total: int
+
+@task(name="bench.noop", owner_email="bench@example.com", description="")
+def noop(params: Params) -> Result:
+    return Result(total=1)
+"#;
+
+/// `perago start benchmod -j <slots>` in its own process group (supervisor, broker, executors).
+fn start_python(url: &str, dir: &std::path::Path, slots: u32) -> tokio::process::Child {
+    use std::process::Stdio;
+    let python = perago_e2e::process::obtain("perago-python").unwrap();
+    std::fs::write(dir.join("benchmod.py"), PYTHON_MODULE).unwrap();
+    tokio::process::Command::new(python)
+        .args([
+            "-c",
+            "from perago.cli import app; app()",
+            "start",
+            "benchmod",
+            "-j",
+        ])
+        .arg(slots.to_string())
+        .env("PYTHONPATH", dir)
+        .env("CONDUCTOR_SERVER_URL", url)
+        .env("PERAGO_WORKSPACE_ROOT", dir.join("workspaces"))
+        .env("PERAGO_LOG_ROOT", dir.join("logs"))
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+fn stop_group(pgid: u32) {
+    let pgid = nix::unistd::Pid::from_raw(i32::try_from(pgid).unwrap());
+    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+}
+
+struct PythonRun {
+    figures: Figures,
+    peak_mb: f64,
+}
+
+async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = fill(api, n).await;
+    let child = start_python(&api.base, dir.path(), slots);
+    let pgid = child.id().unwrap();
+    let started = Instant::now();
+    let mut peak = 0f64;
+    for id in &ids {
+        loop {
+            let wf = api.workflow(id).await;
+            if wf["status"] == "COMPLETED" {
+                break;
+            }
+            assert!(
+                wf["status"] == "RUNNING" && started.elapsed() < Duration::from_secs(300),
+                "Python Perago did not complete {id}: {wf}"
+            );
+            peak = peak.max(group_rss_mb(pgid));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    peak = peak.max(group_rss_mb(pgid));
+    stop_group(pgid);
+    PythonRun {
+        figures: figures(api, &ids, seconds).await,
+        peak_mb: peak,
     }
 }
 
@@ -285,6 +403,16 @@ async fn main() {
     let (idle_sidecar, idle_runner) = (rss_mb(idle.pid() as u32), rss_mb(runner_pid(&idle)));
     idle.stop().await;
 
+    let python_idle = {
+        let dir = tempfile::tempdir().unwrap();
+        let child = start_python(&api.base, dir.path(), 4);
+        let pgid = child.id().unwrap();
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let idle = group_rss_mb(pgid);
+        stop_group(pgid);
+        idle
+    };
+
     eprintln!("bare loop, 1 worker");
     let bare1 = bare_loop(&api, n, 1).await;
     eprintln!("bare loop, 4 workers");
@@ -293,6 +421,10 @@ async fn main() {
     let one = sidecar_run(&api, &bins, n, 1).await;
     eprintln!("sidecar, 4 slots");
     let four = sidecar_run(&api, &bins, n, 4).await;
+    eprintln!("Python Perago, -j 1");
+    let py1 = python_run(&api, n, 1).await;
+    eprintln!("Python Perago, -j 4");
+    let py4 = python_run(&api, n, 4).await;
 
     println!(
         "Conductor {} (SQLite) on this machine, {n} tasks per run",
@@ -320,5 +452,27 @@ async fn main() {
     println!(
         "runner RSS: idle {idle_runner:.1} MB, peak {runner_peak:.1} MB (target < 8: {})",
         verdict(runner_peak < 8.0)
+    );
+
+    println!("\nbeside Python Perago 0.6.1 (perago start; rates from Conductor's task timestamps)");
+    for (label, ours, theirs) in [
+        ("1 slot / -j 1", &one, &py1),
+        ("4 slots / -j 4", &four, &py4),
+    ] {
+        println!(
+            "{label:<15} sidecar {:>6.1} tasks/s, p50 {:>5.1} ms | Python {:>6.1} tasks/s, p50 {:>5.1} ms | throughput ×{:.2}",
+            ours.figures.server_rate(n),
+            ours.figures.percentile(0.5),
+            theirs.figures.server_rate(n),
+            theirs.figures.percentile(0.5),
+            ours.figures.server_rate(n) / theirs.figures.server_rate(n)
+        );
+    }
+    let ours_idle = idle_sidecar + idle_runner;
+    let ours_busy = four.sidecar_peak_mb + four.runner_peak_mb;
+    println!(
+        "memory, 4 slots: sidecar + runner idle {ours_idle:.1} MB, busy {ours_busy:.1} MB | Python (supervisor, broker, 4 executors) idle {python_idle:.1} MB, busy {:.1} MB | {:.0}% of Python's",
+        py4.peak_mb,
+        100.0 * ours_busy / py4.peak_mb
     );
 }
