@@ -2,6 +2,7 @@
 //! resource, its validation, Conductor TaskDef rendering, and workspace path rules.
 
 pub mod contract;
+pub mod credentials;
 pub mod manifest;
 pub mod paths;
 pub mod schema;
@@ -9,5 +10,6 @@ pub mod task;
 pub mod taskdef;
 pub mod validate;
 
+pub use credentials::ConductorCredentials;
 pub use task::{PeragoTask, PeragoTaskSpec, PeragoTaskStatus};
 pub use validate::{FieldError, validate};

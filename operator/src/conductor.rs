@@ -9,22 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-/// Orkes-style application key (`CONDUCTOR_AUTH_KEY` / `CONDUCTOR_AUTH_SECRET`); Conductor
-/// OSS has no authentication and needs none.
-#[derive(Clone)]
-pub struct Credentials {
-    pub key: String,
-    pub secret: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("key", &self.key)
-            .field("secret", &"<redacted>")
-            .finish()
-    }
-}
+pub use perago_api::ConductorCredentials as Credentials;
 
 /// Calls take the Conductor base URL (with `/api`): a PeragoTask may name its own Conductor.
 pub struct MetadataClient {

@@ -57,21 +57,7 @@ impl ConductorError {
     }
 }
 
-/// Orkes-style application key; Conductor OSS has no authentication and needs none.
-#[derive(Clone)]
-pub struct Credentials {
-    pub key: String,
-    pub secret: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("key", &self.key)
-            .field("secret", &"<redacted>")
-            .finish()
-    }
-}
+pub use perago_api::ConductorCredentials as Credentials;
 
 pub struct ConductorClient {
     http: reqwest::Client,
@@ -308,14 +294,5 @@ mod tests {
     fn path_segments_are_encoded() {
         assert_eq!(encode("features.build"), "features.build");
         assert_eq!(encode("a/b c"), "a%2Fb%20c");
-    }
-
-    #[test]
-    fn credentials_never_print_the_secret() {
-        let c = Credentials {
-            key: "k".into(),
-            secret: "canary-secret".into(),
-        };
-        assert!(!format!("{c:?}").contains("canary"));
     }
 }
