@@ -22,3 +22,17 @@ pub async fn shared(selection: Selection) -> &'static Services {
         .await
         .unwrap_or_else(|e| panic!("starting the real servers failed: {e:#}"))
 }
+
+/// The documents of a multi-document YAML stream (empty ones skipped), as `kubectl`, `helm
+/// template` and `perago-operator render` print them.
+pub fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect()
+}
+
+/// The first document of `kind` in a multi-document YAML stream.
+pub fn yaml_document(text: &str, kind: &str) -> Option<serde_yaml::Value> {
+    yaml_documents(text).into_iter().find(|d| d["kind"] == kind)
+}

@@ -147,11 +147,7 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "the operator reads the Conductor key only when a credentials Secret is named"
         );
         let mut kinds = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&out) {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
-            if value.is_null() {
-                continue;
-            }
+        for value in perago_e2e::yaml_documents(&out) {
             let obj: DynamicObject = serde_yaml::from_value(value).unwrap();
             let types = obj.types.clone().unwrap();
             let (group, version) = types

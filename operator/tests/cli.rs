@@ -368,10 +368,7 @@ fn contract_prints_what_the_configmap_holds() {
     assert_eq!(contract["taskName"], "features.build");
     assert_eq!(contract["workspace"]["prefix"], "audio/render");
     let rendered = run(&["render", "--conductor-url", "http://c/api", "-f"]);
-    let config_map: Value = serde_yaml::Deserializer::from_str(&rendered)
-        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
-        .find(|d| d["kind"] == "ConfigMap")
-        .unwrap();
+    let config_map = perago_e2e::yaml_document(&rendered, "ConfigMap").unwrap();
     let held: serde_json::Value =
         serde_json::from_str(config_map["data"]["contract.json"].as_str().unwrap()).unwrap();
     assert_eq!(contract, held);

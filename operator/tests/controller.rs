@@ -25,8 +25,13 @@ async fn services() -> &'static Services {
     .await
 }
 
-async fn client(services: &Services) -> Client {
-    services.kube().client().await.unwrap()
+/// The servers, with the CRD installed and the test binary's operator running.
+async fn setup() -> (&'static Services, Client) {
+    let services = services().await;
+    let client = services.kube().client().await.unwrap();
+    install_crd(&client).await;
+    operator(services).await;
+    (services, client)
 }
 
 async fn install_crd(client: &Client) {
@@ -130,11 +135,8 @@ fn condition(t: &PeragoTask, type_: &str) -> Option<(String, String, String)> {
 
 #[tokio::test]
 async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
-    let services = services().await;
-    let client = client(services).await;
-    install_crd(&client).await;
+    let (services, client) = setup().await;
     let conductor_url = services.conductor().api_url.clone();
-    operator(services).await;
     let conductor = ConductorApi::new(&conductor_url);
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let apply = PatchParams::apply("perago-test").force();
@@ -292,11 +294,8 @@ async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
 
 #[tokio::test]
 async fn autoscaling_follows_the_queue_depth_with_a_scale_down_window() {
-    let services = services().await;
-    let client = client(services).await;
-    install_crd(&client).await;
+    let (services, client) = setup().await;
     let conductor_url = services.conductor().api_url.clone();
-    operator(services).await;
     let conductor = ConductorApi::new(&conductor_url);
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
@@ -404,10 +403,7 @@ async fn autoscaling_follows_the_queue_depth_with_a_scale_down_window() {
 
 #[tokio::test]
 async fn retained_taskdefs_survive_and_an_hpa_owns_replicas_through_scale() {
-    let services = services().await;
-    let client = client(services).await;
-    install_crd(&client).await;
-    operator(services).await;
+    let (services, client) = setup().await;
     let conductor_url = services.conductor().api_url.clone();
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
@@ -469,10 +465,7 @@ async fn retained_taskdefs_survive_and_an_hpa_owns_replicas_through_scale() {
 
 #[tokio::test]
 async fn an_unreachable_conductor_is_reported_and_the_task_recovers_when_it_is_reachable() {
-    let services = services().await;
-    let client = client(services).await;
-    install_crd(&client).await;
-    operator(services).await;
+    let (services, client) = setup().await;
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let apply = PatchParams::apply("perago-test").force();
     let nowhere = format!(
@@ -553,10 +546,7 @@ async fn an_unreachable_conductor_is_reported_and_the_task_recovers_when_it_is_r
 /// Ready only once every replica of the current generation is updated and ready.
 #[tokio::test]
 async fn a_rolled_out_deployment_makes_the_task_ready() {
-    let services = services().await;
-    let client = client(services).await;
-    install_crd(&client).await;
-    operator(services).await;
+    let (_, client) = setup().await;
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), "default");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let apply = PatchParams::apply("perago-test").force();

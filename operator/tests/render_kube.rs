@@ -56,8 +56,7 @@ async fn rendered_objects_of_every_example_pass_apiserver_validation() {
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8(out.stdout).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
+        for value in perago_e2e::yaml_documents(&text) {
             match value["kind"].as_str() {
                 Some("ConfigMap") => {
                     let cm: ConfigMap = serde_yaml::from_value(value).unwrap();
@@ -113,10 +112,8 @@ fn the_chart_pod_monitor_selects_rendered_executor_pods() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let monitor: serde_yaml::Value =
-        serde_yaml::Deserializer::from_str(std::str::from_utf8(&out.stdout).unwrap())
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
-            .find(|d| d["kind"] == "PodMonitor")
+    let monitor =
+        perago_e2e::yaml_document(std::str::from_utf8(&out.stdout).unwrap(), "PodMonitor")
             .expect("a PodMonitor");
 
     let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
@@ -125,12 +122,10 @@ fn the_chart_pod_monitor_selects_rendered_executor_pods() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let deployment: Deployment =
-        serde_yaml::Deserializer::from_str(std::str::from_utf8(&out.stdout).unwrap())
-            .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).unwrap())
-            .find(|d| d["kind"] == "Deployment")
-            .map(|d| serde_yaml::from_value(d).unwrap())
-            .unwrap();
+    let deployment: Deployment = serde_yaml::from_value(
+        perago_e2e::yaml_document(std::str::from_utf8(&out.stdout).unwrap(), "Deployment").unwrap(),
+    )
+    .unwrap();
     let template = deployment.spec.unwrap().template;
     let labels = template.metadata.unwrap().labels.unwrap();
     let selector = monitor["spec"]["selector"]["matchLabels"]
