@@ -69,7 +69,7 @@ spec:
     properties:
       n: {{type: integer}}
       mode: {{type: string}}
-      inner: {{type: object, properties: {{q: {{type: string}}}}}}
+      inner: {{type: object, properties: {{q: {{type: string}}, depth: {{type: integer, default: 1}}}}}}
     required: [n]
   resultSchema:
     type: object
@@ -303,7 +303,8 @@ async fn lenient_input_drops_undeclared_fields_before_the_body_sees_them() {
     assert_eq!(wf["status"], "COMPLETED", "{wf}");
     assert_eq!(
         only_task(&wf)["outputData"],
-        json!({"result": {"total": 4, "seen": {"n": 2, "inner": {"q": "a"}}}})
+        json!({"result": {"total": 4, "seen": {"n": 2, "inner": {"q": "a", "depth": 1}}}}),
+        "undeclared fields dropped, the declared default filled in"
     );
     let wf = c
         .finished(&c.start(task, "noparams", json!({"other": 1})).await)
