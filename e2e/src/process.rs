@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,6 +43,19 @@ pub fn free_port() -> Result<u16> {
     let listener =
         TcpListener::bind("127.0.0.1:0").context("binding an ephemeral loopback port")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// Start `e2e/bin/janitor`, which removes `dir` once this process has exited, however it
+/// exits. It runs in its own process group, so a Ctrl-C of the test run does not stop it.
+pub fn remove_after_exit(dir: &Path) -> Result<Child> {
+    Command::new(bin_dir().join("janitor"))
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting the janitor of {}", dir.display()))
 }
 
 /// A server process. It runs under `e2e/bin/watchdog`, which stops it when this process dies

@@ -341,18 +341,21 @@ impl Selection {
     }
 }
 
-/// A set of running servers sharing one temporary directory; dropping it stops them all.
+/// A set of running servers sharing one temporary directory; dropping it stops them all and
+/// removes the directory (and so does the janitor, when the process exits without dropping it).
 pub struct Services {
     pub conductor: Option<Conductor>,
     pub lakefs: Option<LakeFs>,
     pub kube: Option<Kube>,
     dir: tempfile::TempDir,
+    _janitor: std::process::Child,
 }
 
 impl Services {
     /// Start the selected servers concurrently and wait until each is healthy.
     pub async fn start(selection: Selection) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("perago-e2e-").tempdir()?;
+        let janitor = crate::process::remove_after_exit(dir.path())?;
         let path = dir.path();
         let (conductor, lakefs, kube) = tokio::join!(
             async {
@@ -382,6 +385,7 @@ impl Services {
             lakefs: lakefs?,
             kube: kube?,
             dir,
+            _janitor: janitor,
         })
     }
 
