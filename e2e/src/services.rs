@@ -59,8 +59,13 @@ impl Conductor {
         let jar = obtain("conductor")?;
         let port = free_port()?;
         let db = dir.join("conductor.db");
+        // Tomcat and Conductor's payload store write under java.io.tmpdir: keep that in the
+        // run's directory, which the harness removes.
+        let tmp = dir.join("conductor-tmp");
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut cmd = Command::new(java()?);
         cmd.current_dir(dir)
+            .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
             .args([
                 "-Xms256m",
                 "-Xmx1g",
