@@ -37,6 +37,22 @@ pub fn obtain(component: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// Run a command that must succeed and return its standard output. For tests: a failure
+/// panics with the command line, its exit status and its standard error.
+pub fn stdout_of(command: &mut Command) -> String {
+    let shown = format!("{command:?}");
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {shown}: {e}"));
+    assert!(
+        out.status.success(),
+        "{shown} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A free TCP port on loopback. The port is released before returning; the short window in
 /// which another process could take it is acceptable for tests.
 pub fn free_port() -> Result<u16> {

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use perago_e2e::process::obtain;
+use perago_e2e::process::{obtain, stdout_of};
 use perago_e2e::{Selection, shared};
 
 fn repo() -> PathBuf {
@@ -43,20 +43,15 @@ async fn must(args: &[&str]) -> String {
 #[test]
 fn the_base_is_the_chart_rendered_for_perago_system() {
     let helm = obtain("helm").unwrap();
-    let out = Command::new("bash")
-        .arg(repo().join("deploy/kustomize/generate"))
-        .arg(helm)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let generated = stdout_of(
+        Command::new("bash")
+            .arg(repo().join("deploy/kustomize/generate"))
+            .arg(helm),
     );
     let committed =
         std::fs::read_to_string(repo().join("deploy/kustomize/base/perago-operator.yaml")).unwrap();
     assert!(
-        String::from_utf8_lossy(&out.stdout) == committed,
+        generated == committed,
         "deploy/kustomize/base/perago-operator.yaml differs from the chart: run `make manifests`"
     );
 }

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use perago_e2e::process::stdout_of;
+
 use serde_yaml::Value;
 
 fn run(args: &[&str], stdin: &str) -> Output {
@@ -74,18 +76,12 @@ fn examples_pass_check() {
             continue;
         }
         checked += 1;
-        let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-            .args(["check", "-f"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let out = stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+                .args(["check", "-f"])
+                .arg(&path),
         );
-        assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: "));
+        assert!(out.starts_with("ok: "), "{out}");
     }
     assert_eq!(checked, 4);
 }
@@ -352,17 +348,11 @@ fn taskdef_prints_to_stdout_without_output() {
 fn contract_prints_what_the_configmap_holds() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/workspace-task.yaml");
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-            .args(args)
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+                .args(args)
+                .arg(&path),
+        )
     };
     let contract: serde_json::Value = serde_json::from_str(&run(&["contract", "-f"])).unwrap();
     assert_eq!(contract["taskName"], "features.build");

@@ -31,22 +31,7 @@ fn reference_python() -> PathBuf {
     if let Some(python) = std::env::var_os("PERAGO_REFERENCE_PYTHON") {
         return python.into();
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/bin/obtain");
-    let out = Command::new("bash")
-        .arg(script)
-        .arg("perago-python")
-        .output()
-        .expect("run e2e/bin/obtain");
-    assert!(
-        out.status.success(),
-        "e2e/bin/obtain perago-python failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8(out.stdout).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .expect("obtain prints '<name> <path> <seconds>'")
-        .into()
+    perago_e2e::process::obtain("perago-python").expect("obtaining perago 0.6.1 from PyPI")
 }
 
 /// Warning lines of a command's standard error, without the `warning: ` prefix.

@@ -5,17 +5,10 @@
 
 use std::process::Command;
 
+use perago_e2e::process::stdout_of;
+
 fn generated_reference() -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-        .arg("reference")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "perago-operator reference failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_of(Command::new(env!("CARGO_BIN_EXE_perago-operator")).arg("reference"))
 }
 
 /// The table row of the field at `path`, e.g. `spec.taskName`.

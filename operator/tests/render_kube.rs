@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+use perago_e2e::process::stdout_of;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
@@ -37,25 +39,18 @@ async fn rendered_objects_of_every_example_pass_apiserver_validation() {
     };
     let mut deployments = 0;
     for file in files {
-        let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-            .args([
-                "render",
-                "--conductor-url",
-                "http://conductor:8080/api",
-                "--lakefs-endpoint",
-                "http://lakefs:8000",
-                "-f",
-            ])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            file.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let text = stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+                .args([
+                    "render",
+                    "--conductor-url",
+                    "http://conductor:8080/api",
+                    "--lakefs-endpoint",
+                    "http://lakefs:8000",
+                    "-f",
+                ])
+                .arg(&file),
         );
-        let text = String::from_utf8(out.stdout).unwrap();
         for value in perago_e2e::yaml_documents(&text) {
             match value["kind"].as_str() {
                 Some("ConfigMap") => {
@@ -93,39 +88,30 @@ async fn rendered_objects_of_every_example_pass_apiserver_validation() {
 fn the_chart_pod_monitor_selects_rendered_executor_pods() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let helm = perago_e2e::process::obtain("helm").unwrap();
-    let out = Command::new(helm)
-        .arg("template")
-        .arg("perago")
-        .arg(repo.join("charts/perago-operator"))
-        .args([
-            "--kube-version",
-            "1.35.4",
-            "--set",
-            "conductor.url=http://c/api",
-            "--set",
-            "metrics.podMonitor.enabled=true",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let chart = stdout_of(
+        Command::new(helm)
+            .arg("template")
+            .arg("perago")
+            .arg(repo.join("charts/perago-operator"))
+            .args([
+                "--kube-version",
+                "1.35.4",
+                "--set",
+                "conductor.url=http://c/api",
+                "--set",
+                "metrics.podMonitor.enabled=true",
+            ]),
     );
-    let monitor =
-        perago_e2e::yaml_document(std::str::from_utf8(&out.stdout).unwrap(), "PodMonitor")
-            .expect("a PodMonitor");
+    let monitor = perago_e2e::yaml_document(&chart, "PodMonitor").expect("a PodMonitor");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
-        .args(["render", "--conductor-url", "http://c/api", "-f"])
-        .arg(repo.join("deploy/examples/workspace-task.yaml"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let deployment: Deployment = serde_yaml::from_value(
-        perago_e2e::yaml_document(std::str::from_utf8(&out.stdout).unwrap(), "Deployment").unwrap(),
-    )
-    .unwrap();
+    let rendered = stdout_of(
+        Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+            .args(["render", "--conductor-url", "http://c/api", "-f"])
+            .arg(repo.join("deploy/examples/workspace-task.yaml")),
+    );
+    let deployment: Deployment =
+        serde_yaml::from_value(perago_e2e::yaml_document(&rendered, "Deployment").unwrap())
+            .unwrap();
     let template = deployment.spec.unwrap().template;
     let labels = template.metadata.unwrap().labels.unwrap();
     let selector = monitor["spec"]["selector"]["matchLabels"]
