@@ -347,20 +347,28 @@ impl Selection {
 }
 
 /// A set of running servers sharing one temporary directory; dropping it stops them all and
-/// removes the directory (and so does the janitor, when the process exits without dropping it).
+/// removes the directory (and so does the janitor, when the process exits without dropping it),
+/// unless `PERAGO_E2E_KEEP` is set, for looking at the servers' files afterwards.
 pub struct Services {
     pub conductor: Option<Conductor>,
     pub lakefs: Option<LakeFs>,
     pub kube: Option<Kube>,
     dir: tempfile::TempDir,
-    _janitor: std::process::Child,
+    _janitor: Option<std::process::Child>,
 }
 
 impl Services {
     /// Start the selected servers concurrently and wait until each is healthy.
     pub async fn start(selection: Selection) -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("perago-e2e-").tempdir()?;
-        let janitor = crate::process::remove_after_exit(dir.path())?;
+        let keep = std::env::var_os("PERAGO_E2E_KEEP").is_some();
+        let dir = tempfile::Builder::new()
+            .prefix("perago-e2e-")
+            .disable_cleanup(keep)
+            .tempdir()?;
+        let janitor = match keep {
+            true => None,
+            false => Some(crate::process::remove_after_exit(dir.path())?),
+        };
         let path = dir.path();
         let (conductor, lakefs, kube) = tokio::join!(
             async {

@@ -27,6 +27,7 @@ fn a_killed_owner_leaves_no_server_and_no_state_directory() {
     let mut up = Command::new(env!("CARGO_BIN_EXE_perago-e2e"))
         .args(["up", "--services", "lakefs", "--env-file"])
         .arg(&env_file)
+        .env_remove("PERAGO_E2E_KEEP")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
