@@ -19,7 +19,10 @@ RUN apt-get update \
  && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY . .
-RUN make release-binaries OUT=/out
+# BuildKit cache mounts keep the crates.io downloads and the target directory between builds.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    make release-binaries OUT=/out
 
 # distroless "static": no shell, no package manager, CA certificates and tzdata only.
 FROM gcr.io/distroless/static-debian12:nonroot AS operator
