@@ -56,13 +56,14 @@ impl ExecutionDir {
         snapshot: &AttemptSnapshot,
         execution_id: &str,
         worker_id: &str,
-    ) -> std::io::Result<Self> {
+    ) -> Result<Self, String> {
         let path = work_dir.join(EXECUTIONS).join(format!(
             "task_id={}-exec={}",
             safe(&snapshot.task_id),
             safe(execution_id)
         ));
-        std::fs::create_dir(&path)?;
+        std::fs::create_dir(&path)
+            .map_err(|e| format!("creating {} failed: {e}", path.display()))?;
         let marker = json!({
             "execution_id": execution_id,
             "owner_pid": std::process::id(),
@@ -74,7 +75,12 @@ impl ExecutionDir {
             "task_id": snapshot.task_id,
             "workflow_instance_id": snapshot.workflow_instance_id,
         });
-        std::fs::write(path.join(MARKER), marker.to_string())?;
+        let marker_path = path.join(MARKER);
+        if let Err(e) = std::fs::write(&marker_path, marker.to_string()) {
+            // Cleanup only removes directories that carry the marker: remove this one now.
+            let _ = std::fs::remove_dir_all(&path);
+            return Err(format!("writing {} failed: {e}", marker_path.display()));
+        }
         Ok(Self { path })
     }
 

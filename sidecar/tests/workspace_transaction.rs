@@ -906,3 +906,193 @@ hooks:
     );
     println!("first merge landed despite the timeout: {first_landed}");
 }
+
+/// A small tmpfs mounted for the length of a test, to play a work volume that fills up.
+struct SmallVolume {
+    dir: tempfile::TempDir,
+}
+
+impl SmallVolume {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("perago-full-")
+            .tempdir()
+            .unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "perago-full"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs as the work volume failed (the full-disk test mounts one, \
+             so it runs as root, as CI does): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Fill the volume to the last byte but `leave`.
+    fn fill_leaving(&self, leave: u64) {
+        let filler = self.path().join("filler");
+        let err = std::fs::write(&filler, vec![0u8; 64 << 20]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&filler)
+            .unwrap();
+        let full = file.metadata().unwrap().len();
+        file.set_len(full - leave).unwrap();
+    }
+
+    /// Every path in the volume, relative and sorted.
+    fn entries(&self) -> Vec<String> {
+        fn walk(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                out.push(path.strip_prefix(root).unwrap().display().to_string());
+                if path.is_dir() && !path.is_symlink() {
+                    walk(&path, root, out);
+                }
+            }
+        }
+        let mut names = Vec::new();
+        walk(self.path(), self.path(), &mut names);
+        names.sort();
+        names
+    }
+}
+
+impl Drop for SmallVolume {
+    fn drop(&mut self) {
+        // Lazily, so that a pod still holding its socket does not keep the mount.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn a_full_work_volume_fails_the_attempt_cleanly_and_the_workflow_retry_publishes() {
+    let volume = SmallVolume::mount("4m");
+    let lake = Lake::new().await;
+    let big = "x".repeat(1 << 20);
+    let (repo, input) = lake
+        .repository(
+            "ws-full",
+            &[
+                ("data/a.txt", "a"),
+                ("data/b.txt", "b"),
+                ("data/big.bin", &big),
+            ],
+        )
+        .await;
+    let body = format!("touch \"$T/ran\"\necho c > \"$PERAGO_WORKSPACE/c.txt\"\n{COUNT_FILES}\n");
+    let work = volume.path().display().to_string();
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let (api, pod) = task_pod_with(
+        "ws.full",
+        "{prefix: /data}",
+        controls,
+        &body,
+        &[("PERAGO_WORK_DIR", &work)],
+    )
+    .await;
+    let idle = volume.entries();
+    let mut idle_and_filler = idle.clone();
+    idle_and_filler.push("filler".into());
+    idle_and_filler.sort();
+    let assert_untouched = async |why: &str| {
+        assert!(!pod.path("ran").exists(), "{why}: the body never ran");
+        assert_eq!(
+            lake.head(&repo).await,
+            input,
+            "{why}: nothing was published"
+        );
+        lake.assert_no_staging_branch(&repo).await;
+        assert_eq!(
+            volume.entries(),
+            idle_and_filler,
+            "{why}: the attempt's directory is removed from the volume"
+        );
+    };
+
+    // Full to the last byte: the execution directory cannot be made.
+    volume.fill_leaving(0);
+
+    let id = api
+        .start(
+            "ws.full",
+            "full",
+            json!({"workspace": workspace(&repo, &input), "params": {}}),
+        )
+        .await;
+    let wf = api.finished(&id).await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED", "{wf}\n{}", pod.log());
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains(&work) && reason.contains("No space left on device"),
+        "the reason names the path and the OS error: {reason}"
+    );
+    assert_untouched("full volume").await;
+
+    // Room for the directory and the small files, not for big.bin: the download fails.
+    std::fs::remove_file(volume.path().join("filler")).unwrap();
+    volume.fill_leaving(256 << 10);
+    let retry = async || {
+        api.call(
+            reqwest::Method::POST,
+            &format!("/workflow/{id}/retry"),
+            None,
+        )
+        .await;
+        api.finished(&id).await
+    };
+    let wf = retry().await;
+    let last = wf["tasks"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["status"], "FAILED", "{wf}\n{}", pod.log());
+    let reason = last["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains("big.bin") && reason.contains("No space left on device"),
+        "the reason names the file and the OS error: {reason}"
+    );
+    assert_untouched("volume filling up during the download").await;
+
+    // Space is freed; retrying the workflow (what an operator does) publishes once.
+    std::fs::remove_file(volume.path().join("filler")).unwrap();
+    let wf = retry().await;
+    let tasks = wf["tasks"].as_array().unwrap();
+    let statuses: Vec<&str> = tasks
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["FAILED", "FAILED", "COMPLETED"],
+        "{wf}\n{}",
+        pod.log()
+    );
+    let head = lake.head(&repo).await;
+    let commit = lake.client.get_commit(&repo, &head).await.unwrap();
+    assert_eq!(commit.parents, vec![input.clone()], "one publication");
+    assert_eq!(
+        lake.tree(&repo, &head, "data/")
+            .await
+            .keys()
+            .collect::<Vec<_>>(),
+        ["data/a.txt", "data/b.txt", "data/big.bin", "data/c.txt"]
+    );
+    lake.assert_no_staging_branch(&repo).await;
+    assert_eq!(
+        volume.entries(),
+        idle,
+        "the volume is back to its idle state"
+    );
+    drop(pod);
+}
