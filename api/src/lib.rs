@@ -3,6 +3,7 @@
 
 pub mod contract;
 pub mod credentials;
+pub mod errors;
 pub mod manifest;
 pub mod paths;
 pub mod schema;
@@ -11,5 +12,6 @@ pub mod taskdef;
 pub mod validate;
 
 pub use credentials::ConductorCredentials;
+pub use errors::error_chain;
 pub use task::{PeragoTask, PeragoTaskSpec, PeragoTaskStatus};
 pub use validate::{FieldError, validate};

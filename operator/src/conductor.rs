@@ -272,9 +272,12 @@ async fn exchange(
         .header("Accept", "*/*")
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| perago_api::error_chain(&e))?;
     let status = response.status();
-    let text = response.text().await.map_err(|e| e.to_string())?;
+    let text = response
+        .text()
+        .await
+        .map_err(|e| perago_api::error_chain(&e))?;
     Ok((status, text))
 }
 

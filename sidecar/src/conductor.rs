@@ -17,12 +17,9 @@ pub enum ConductorError {
         status: StatusCode,
         body: String,
     },
-    #[error("Conductor {call} failed: {source}")]
-    Transport {
-        call: &'static str,
-        #[source]
-        source: reqwest::Error,
-    },
+    /// `detail` holds the whole source chain: reqwest's own message lacks the cause.
+    #[error("Conductor {call} failed: {detail}")]
+    Transport { call: &'static str, detail: String },
     #[error("Conductor {call} returned an unreadable answer: {detail}")]
     Decode { call: &'static str, detail: String },
 }
@@ -105,7 +102,10 @@ impl ConductorClient {
                 .json(&json!({"keyId": creds.key, "keySecret": creds.secret}))
                 .send()
                 .await
-                .map_err(|source| ConductorError::Transport { call, source })?;
+                .map_err(|e| ConductorError::Transport {
+                    call,
+                    detail: perago_api::error_chain(&e),
+                })?;
             let body: Value = read(call, response).await?.unwrap_or(Value::Null);
             let fresh = body.get("token").and_then(Value::as_str).ok_or_else(|| {
                 ConductorError::Decode {
@@ -135,7 +135,10 @@ impl ConductorClient {
             let response = request
                 .send()
                 .await
-                .map_err(|source| ConductorError::Transport { call, source })?;
+                .map_err(|e| ConductorError::Transport {
+                    call,
+                    detail: perago_api::error_chain(&e),
+                })?;
             if response.status() == StatusCode::UNAUTHORIZED
                 && self.credentials.is_some()
                 && !refreshed
@@ -248,7 +251,10 @@ async fn read(
     let text = response
         .text()
         .await
-        .map_err(|source| ConductorError::Transport { call, source })?;
+        .map_err(|e| ConductorError::Transport {
+            call,
+            detail: perago_api::error_chain(&e),
+        })?;
     if !status.is_success() {
         let body: String = text.chars().take(300).collect();
         return Err(ConductorError::Status { call, status, body });

@@ -167,7 +167,7 @@ impl LakeFsClient {
             repository: repository.to_owned(),
             reference: reference.to_owned(),
             timeout: e.is_timeout(),
-            detail: e.to_string(),
+            detail: perago_api::error_chain(&e),
         })?;
         let status = response.status();
         if status.is_success() {
@@ -218,13 +218,13 @@ impl LakeFsClient {
             repository: repository.to_owned(),
             reference: reference.to_owned(),
             timeout: e.is_timeout(),
-            detail: e.to_string(),
+            detail: perago_api::error_chain(&e),
         })?;
         serde_json::from_slice(&bytes).map_err(|e| LakeFsError::Decode {
             call,
             repository: repository.to_owned(),
             reference: reference.to_owned(),
-            detail: e.to_string(),
+            detail: perago_api::error_chain(&e),
         })
     }
 

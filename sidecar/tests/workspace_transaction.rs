@@ -1096,3 +1096,50 @@ async fn a_full_work_volume_fails_the_attempt_cleanly_and_the_workflow_retry_pub
     );
     drop(pod);
 }
+
+#[tokio::test]
+async fn an_unreachable_lakefs_fails_the_attempt_naming_the_call() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-down", &[("a.txt", "a")]).await;
+    // A loopback port nothing listens on.
+    let closed = format!(
+        "http://127.0.0.1:{}",
+        perago_e2e::process::free_port().unwrap()
+    );
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let (api, pod) = task_pod_with(
+        "ws.down",
+        "{prefix: /}",
+        controls,
+        &format!("touch \"$T/ran\"\n{COUNT_FILES}\n"),
+        &[("LAKECTL_SERVER_ENDPOINT_URL", &closed)],
+    )
+    .await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.down",
+                "down",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED", "{wf}\n{}", pod.log());
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("lakeFS list objects on {repo}@{input} failed: "))
+            && reason.contains("Connection refused"),
+        "the reason names the call, the repository and ref, and the cause: {reason}"
+    );
+    assert!(!pod.path("ran").exists(), "the body never ran");
+    let executions = pod.path("work/executions");
+    assert_eq!(
+        std::fs::read_dir(&executions).unwrap().count(),
+        0,
+        "no execution directory is left in {}",
+        executions.display()
+    );
+    assert_eq!(lake.head(&repo).await, input);
+}
