@@ -1143,3 +1143,64 @@ async fn an_unreachable_lakefs_fails_the_attempt_naming_the_call() {
     );
     assert_eq!(lake.head(&repo).await, input);
 }
+
+/// lakeFS refuses to delete staging branches here (a pre-delete-branch hook): the publication
+/// stands, the task reports COMPLETED with it, and the failed cleanup is only logged.
+#[tokio::test]
+async fn a_failed_staging_cleanup_keeps_the_completed_result() {
+    let lake = Lake::new().await;
+    let keep_staging = r#"
+name: keep-staging
+on:
+  pre-delete-branch:
+    branches:
+      - perago-staging-*
+hooks:
+  - id: refuse
+    type: lua
+    properties:
+      script: error("staging branches are kept in this repository")
+"#;
+    let (repo, input) = lake
+        .repository(
+            "ws-keep",
+            &[
+                ("data/a.txt", "a"),
+                ("_lakefs_actions/keep-staging.yaml", keep_staging),
+            ],
+        )
+        .await;
+    let body = format!("echo b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n");
+    let (api, pod) = task_pod("ws.keep", "{prefix: /data}", &body).await;
+    let wf = api
+        .finished(
+            &api.start(
+                "ws.keep",
+                "keep",
+                json!({"workspace": workspace(&repo, &input), "params": {}}),
+            )
+            .await,
+        )
+        .await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let head = lake.head(&repo).await;
+    assert_ne!(head, input);
+    assert_eq!(
+        t["outputData"],
+        json!({"workspace": workspace(&repo, &head), "result": {"files": 2}})
+    );
+    let branches = lake.branches(&repo).await;
+    assert_eq!(branches.len(), 2, "{branches:?}");
+    assert!(
+        branches.iter().any(|b| b.starts_with("perago-staging-")),
+        "{branches:?}"
+    );
+    let log = pod.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("failed to clean staging workspace")
+                && l.contains("staging branches are kept in this repository")),
+        "the refused deletion is logged with lakeFS's reason:\n{log}"
+    );
+}
