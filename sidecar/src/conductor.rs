@@ -25,6 +25,13 @@ pub enum ConductorError {
 }
 
 impl ConductorError {
+    fn transport(call: &'static str) -> impl FnOnce(reqwest::Error) -> Self {
+        move |e| Self::Transport {
+            call,
+            detail: perago_api::error_chain(&e),
+        }
+    }
+
     pub fn call(&self) -> &'static str {
         match self {
             Self::Status { call, .. }
@@ -102,10 +109,7 @@ impl ConductorClient {
                 .json(&json!({"keyId": creds.key, "keySecret": creds.secret}))
                 .send()
                 .await
-                .map_err(|e| ConductorError::Transport {
-                    call,
-                    detail: perago_api::error_chain(&e),
-                })?;
+                .map_err(ConductorError::transport(call))?;
             let body: Value = read(call, response).await?.unwrap_or(Value::Null);
             let fresh = body.get("token").and_then(Value::as_str).ok_or_else(|| {
                 ConductorError::Decode {
@@ -135,10 +139,7 @@ impl ConductorClient {
             let response = request
                 .send()
                 .await
-                .map_err(|e| ConductorError::Transport {
-                    call,
-                    detail: perago_api::error_chain(&e),
-                })?;
+                .map_err(ConductorError::transport(call))?;
             if response.status() == StatusCode::UNAUTHORIZED
                 && self.credentials.is_some()
                 && !refreshed
@@ -251,10 +252,7 @@ async fn read(
     let text = response
         .text()
         .await
-        .map_err(|e| ConductorError::Transport {
-            call,
-            detail: perago_api::error_chain(&e),
-        })?;
+        .map_err(ConductorError::transport(call))?;
     if !status.is_success() {
         let body: String = text.chars().take(300).collect();
         return Err(ConductorError::Status { call, status, body });
