@@ -155,6 +155,18 @@ fn workspace(repo: &str, reference: &str) -> Value {
     json!({"repository": repo, "branch": "main", "refType": "commit", "ref": reference})
 }
 
+/// Start a one-step workflow on `repo@input` with empty params; its id.
+async fn start_on(api: &ConductorApi, task: &str, case: &str, repo: &str, input: &str) -> String {
+    let input = json!({"workspace": workspace(repo, input), "params": {}});
+    api.start(task, case, input).await
+}
+
+/// [`start_on`], then wait until the workflow finishes.
+async fn run_on(api: &ConductorApi, task: &str, case: &str, repo: &str, input: &str) -> Value {
+    api.finished(&start_on(api, task, case, repo, input).await)
+        .await
+}
+
 /// Declare a workspace task without retries, register its TaskDef, and start its pod.
 async fn task_pod(name: &str, workspace_spec: &str, body: &str) -> (ConductorApi, Pod) {
     let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
@@ -270,16 +282,7 @@ async fn read_only_and_unchanged_workspaces_complete_with_the_input_ref_and_writ
         "cat \"$PERAGO_WORKSPACE/a.txt\" > /dev/null\nmkdir \"$PERAGO_WORKSPACE/empty\"\n{COUNT_FILES}\n"
     );
     let (api, _pod) = task_pod("ws.noop", "{prefix: /}", &body).await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.noop",
-                "noop",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.noop", "noop", &repo, &input).await;
     assert_eq!(
         only_task(&wf)["outputData"],
         json!({"workspace": workspace(&repo, &input), "result": {"files": 2}}),
@@ -291,16 +294,7 @@ async fn read_only_and_unchanged_workspaces_complete_with_the_input_ref_and_writ
         &format!("echo x > \"$PERAGO_WORKSPACE/a.txt\"\n{COUNT_FILES}\n"),
     )
     .await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.readonly",
-                "ro",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.readonly", "ro", &repo, &input).await;
     assert_eq!(
         only_task(&wf)["outputData"]["workspace"],
         workspace(&repo, &input),
@@ -320,16 +314,7 @@ async fn guardrails_and_symlinks_fail_without_touching_the_target() {
     let (repo, input) = lake.repository("ws-guard", &[("raw/a.csv", "a")]).await;
     let spec = "{prefix: /, pre: [{kind: requireGlob, path: 'raw/**/*.parquet'}]}";
     let (api, pod) = task_pod("ws.pre", spec, "touch \"$T/ran\"\n").await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.pre",
-                "pre",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.pre", "pre", &repo, &input).await;
     let t = only_task(&wf);
     assert_eq!(t["status"], "FAILED_WITH_TERMINAL_ERROR", "{wf}");
     assert_eq!(
@@ -345,16 +330,7 @@ async fn guardrails_and_symlinks_fail_without_touching_the_target() {
         &format!("echo changed > \"$PERAGO_WORKSPACE/raw/a.csv\"\n{COUNT_FILES}\n"),
     )
     .await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.post",
-                "post",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.post", "post", &repo, &input).await;
     let t = only_task(&wf);
     assert_eq!(
         (t["status"].as_str(), t["reasonForIncompletion"].as_str()),
@@ -370,16 +346,7 @@ async fn guardrails_and_symlinks_fail_without_touching_the_target() {
         &format!("ln -s raw \"$PERAGO_WORKSPACE/link\"\n{COUNT_FILES}\n"),
     )
     .await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.symlink",
-                "link",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.symlink", "link", &repo, &input).await;
     let t = only_task(&wf);
     assert_eq!(
         t["reasonForIncompletion"], "workspace publication does not support symlinks: link",
@@ -398,13 +365,7 @@ async fn a_foreign_commit_on_the_target_fails_the_publication_closed() {
         "if grep -q '\"n\": *1' \"$PERAGO_PARAMS\"; then {COUNT_FILES}; exit 0; fi\necho $$ > \"$T/started\"\nsleep 2\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
     );
     let (api, pod) = task_pod("ws.foreign", "{prefix: /}", &body).await;
-    let id = api
-        .start(
-            "ws.foreign",
-            "foreign",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.foreign", "foreign", &repo, &input).await;
     wait_file(&pod.path("started")).await;
     let foreign = lake
         .write(
@@ -549,13 +510,7 @@ async fn a_crash_after_merge_is_superseded_by_the_retry_and_the_prefix_equals_it
         &[("PERAGO_FAULT", "exit-after-merge")],
     )
     .await;
-    let id = api
-        .start(
-            "ws.crash",
-            "crash",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.crash", "crash", &repo, &input).await;
     let status = tokio::time::timeout(Duration::from_secs(60), crashing.child.wait())
         .await
         .unwrap()
@@ -638,13 +593,7 @@ async fn a_stale_attempt_is_fenced_and_the_retry_publishes_once() {
         "if [ \"$PERAGO_RETRY_COUNT\" = 0 ]; then echo $$ > \"$T/first\"; while [ ! -f \"$T/go\" ]; do sleep 0.1; done; fi\n{PER_ATTEMPT}"
     );
     let (api, pod) = task_pod_with("ws.stale", "{prefix: /}", controls, &body, &[]).await;
-    let id = api
-        .start(
-            "ws.stale",
-            "stale",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.stale", "stale", &repo, &input).await;
     wait_file(&pod.path("first")).await;
     // The attempt stops being current while its body runs (as a timeout would end it).
     let wf = api.workflow(&id).await;
@@ -688,13 +637,7 @@ async fn histories_the_fence_cannot_classify_fail_closed() {
         "while [ ! -f \"$T/go\" ]; do sleep 0.1; done\necho b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
     );
     let (api, pod) = task_pod("ws.range", "{prefix: /}", &body).await;
-    let id = api
-        .start(
-            "ws.range",
-            "range",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.range", "range", &repo, &input).await;
     let key = format!("{id}:step:0:ws.range");
     for i in 0..1025 {
         lake.api(
@@ -785,13 +728,7 @@ async fn the_hard_fence_refuses_a_concurrent_advancement() {
             files.push(("_lakefs_actions/perago-hard-fence.yaml", hook.as_str()));
         }
         let (repo, input) = lake.repository(&format!("ws-hard-{case}"), &files).await;
-        let id = api
-            .start(
-                "ws.hardfence",
-                case,
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await;
+        let id = start_on(&api, "ws.hardfence", case, &repo, &input).await;
         wait_file_exists(&paused).await;
         let foreign = lake
             .write(
@@ -867,13 +804,7 @@ hooks:
         .await;
     let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 30}, publishBudget: {observedMergeP99Seconds: 0, safetyMarginSeconds: 0, lakefsMergeTimeoutSeconds: 1, conductorCompletionTimeoutSeconds: 5, workerShutdownGraceSeconds: 5, heartbeatIntervalSeconds: 5}}";
     let (api, pod) = task_pod_with("ws.timeout", "{prefix: /}", controls, PER_ATTEMPT, &[]).await;
-    let id = api
-        .start(
-            "ws.timeout",
-            "timeout",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.timeout", "timeout", &repo, &input).await;
     let wf = api.finished(&id).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", pod.log());
     let tasks = wf["tasks"].as_array().unwrap();
@@ -1025,13 +956,7 @@ async fn a_full_work_volume_fails_the_attempt_cleanly_and_the_workflow_retry_pub
     // Full to the last byte: the execution directory cannot be made.
     volume.fill_leaving(0);
 
-    let id = api
-        .start(
-            "ws.full",
-            "full",
-            json!({"workspace": workspace(&repo, &input), "params": {}}),
-        )
-        .await;
+    let id = start_on(&api, "ws.full", "full", &repo, &input).await;
     let wf = api.finished(&id).await;
     let t = only_task(&wf);
     assert_eq!(t["status"], "FAILED", "{wf}\n{}", pod.log());
@@ -1115,16 +1040,7 @@ async fn an_unreachable_lakefs_fails_the_attempt_naming_the_call() {
         &[("LAKECTL_SERVER_ENDPOINT_URL", &closed)],
     )
     .await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.down",
-                "down",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.down", "down", &repo, &input).await;
     let t = only_task(&wf);
     assert_eq!(t["status"], "FAILED", "{wf}\n{}", pod.log());
     let reason = t["reasonForIncompletion"].as_str().unwrap();
@@ -1172,16 +1088,7 @@ hooks:
         .await;
     let body = format!("echo b > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n");
     let (api, pod) = task_pod("ws.keep", "{prefix: /data}", &body).await;
-    let wf = api
-        .finished(
-            &api.start(
-                "ws.keep",
-                "keep",
-                json!({"workspace": workspace(&repo, &input), "params": {}}),
-            )
-            .await,
-        )
-        .await;
+    let wf = run_on(&api, "ws.keep", "keep", &repo, &input).await;
     let t = only_task(&wf);
     assert_eq!(t["status"], "COMPLETED", "{wf}\n{}", pod.log());
     let head = lake.head(&repo).await;
