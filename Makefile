@@ -13,12 +13,13 @@ obtain:
 	e2e/bin/obtain all
 
 ## The main job: the operator and a workspace task publishing to lakeFS, on the real servers.
-demo: obtain
+demo: obtain release-binaries
 	$(CARGO) build -q -p perago-sidecar -p perago-operator --bins
 	$(CARGO) run -q -p perago-e2e --bin perago-demo
 
-## Every test: unit, CLI, the differential test against Python Perago, and the real servers.
-test: obtain
+## Every test: unit, CLI, the differential test against Python Perago, and the real servers
+## and node (whose images are made from the release binaries).
+test: obtain release-binaries
 	$(CARGO) test --workspace --no-fail-fast
 
 ## Benchmarks against the real servers; they print figures and ratios.
@@ -63,7 +64,7 @@ check-crds:
 	diff -u crds/peragotasks.perago.io.yaml charts/perago-operator/crds/peragotasks.perago.io.yaml
 
 ## Start the real servers in the background; their environment goes to $(ENV_FILE).
-services-up: obtain
+services-up: obtain release-binaries
 	@mkdir -p $(dir $(ENV_FILE))
 	$(CARGO) build -q -p perago-e2e --bin perago-e2e
 	@rm -f $(ENV_FILE)

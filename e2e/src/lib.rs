@@ -1,9 +1,15 @@
 //! The real-services harness: obtains (builds once, then caches) and starts Conductor OSS,
-//! lakeFS, etcd and kube-apiserver on loopback for tests and the demo.
+//! lakeFS, etcd and kube-apiserver on loopback for tests and the demo, and on demand a whole
+//! single-node cluster (controller-manager, scheduler, containerd, kubelet, kube-proxy) whose
+//! pods reach those servers on a bridge of this machine.
 //!
 //! Every server runs under `e2e/bin/watchdog`, which stops it when the starting process exits
 //! in any way, so a failed or interrupted test run leaves no server behind.
 
+pub mod cluster;
+pub mod lake;
+pub mod node;
+pub mod pki;
 pub mod pod;
 pub mod process;
 pub mod services;

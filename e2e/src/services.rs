@@ -1,13 +1,20 @@
 //! The real servers: Conductor OSS, lakeFS, and etcd + kube-apiserver, each on free loopback
 //! ports with its state in a per-run temporary directory.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::node::{
+    BRIDGE_IP, Containerd, KUBERNETES_SERVICE_IP, Machine, Node, NodePki, SERVICE_RANGE,
+};
+use crate::pki::Usage;
 use crate::process::{ServerProcess, free_port, obtain, wait_ready};
+
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// lakeFS admin credentials set at start-up (test-only values).
 pub const LAKEFS_ACCESS_KEY_ID: &str = "AKIAIOSFODNN7PERAGO0";
@@ -55,7 +62,7 @@ fn java() -> Result<PathBuf> {
 }
 
 impl Conductor {
-    pub async fn start(dir: &Path) -> Result<Self> {
+    pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
         let jar = obtain("conductor")?;
         let port = free_port()?;
         let db = dir.join("conductor.db");
@@ -75,7 +82,7 @@ impl Conductor {
             ])
             .arg(&jar)
             .arg(format!("--server.port={port}"))
-            .arg("--server.address=127.0.0.1")
+            .arg(format!("--server.address={host}"))
             .arg(format!(
                 "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
                 db.display()
@@ -92,7 +99,7 @@ impl Conductor {
                 "--conductor.metrics-prometheus.enabled=false",
             ]);
         let mut process = ServerProcess::spawn("conductor", &mut cmd, dir.join("conductor.log"))?;
-        let base = format!("http://127.0.0.1:{port}");
+        let base = format!("http://{host}:{port}");
         let client = http_client();
         let took = wait_ready(&mut process, Duration::from_secs(240), || {
             let client = client.clone();
@@ -131,7 +138,7 @@ pub struct LakeFs {
 }
 
 impl LakeFs {
-    pub async fn start(dir: &Path) -> Result<Self> {
+    pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
         let binary = obtain("lakefs")?;
         let port = free_port()?;
         let home = dir.join("lakefs");
@@ -140,7 +147,7 @@ impl LakeFs {
         std::fs::write(
             &config,
             format!(
-                r#"listen_address: "127.0.0.1:{port}"
+                r#"listen_address: "{host}:{port}"
 logging: {{format: text, level: WARN, output: "-"}}
 database: {{type: local, local: {{path: "{home}/kv", sync_writes: false}}}}
 blockstore: {{type: local, local: {{path: "{home}/blocks"}}}}
@@ -158,7 +165,7 @@ ui: {{enabled: false}}
         let mut cmd = Command::new(binary);
         cmd.arg("run").arg("-c").arg(&config).current_dir(&home);
         let mut process = ServerProcess::spawn("lakefs", &mut cmd, dir.join("lakefs.log"))?;
-        let endpoint = format!("http://127.0.0.1:{port}");
+        let endpoint = format!("http://{host}:{port}");
         let client = http_client();
         let took = wait_ready(&mut process, Duration::from_secs(60), || {
             let client = client.clone();
@@ -180,10 +187,15 @@ ui: {{enabled: false}}
     }
 }
 
-/// A running etcd + kube-apiserver with token authentication.
+/// A running etcd + kube-apiserver with token authentication for the admin user.
+///
+/// Alone (no node), it serves on loopback with a self-signed certificate, as a store and a
+/// validator for the API. For the node it serves on the bridge address with the node's
+/// authority, authorizes with Node + RBAC, and advertises itself for the `kubernetes` Service.
 pub struct Kube {
     pub server: String,
     pub kubeconfig: PathBuf,
+    pub pki: Option<NodePki>,
     _etcd: ServerProcess,
     _apiserver: ServerProcess,
 }
@@ -197,7 +209,7 @@ impl Kube {
         Ok(kube::Client::try_from(config)?)
     }
 
-    pub async fn start(dir: &Path) -> Result<Self> {
+    pub async fn start(dir: &Path, for_node: bool) -> Result<Self> {
         let etcd_bin = obtain("etcd")?;
         let apiserver_bin = obtain("kube-apiserver")?;
         let home = dir.join("kube");
@@ -233,50 +245,114 @@ impl Kube {
         })
         .await?;
 
-        // One RSA key both signs and verifies service-account tokens.
-        let sa_key = home.join("pki/sa.key");
-        let status = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&sa_key)
-            .arg("2048")
-            .stderr(std::process::Stdio::null())
-            .status()
-            .context("running openssl genrsa (install openssl)")?;
-        if !status.success() {
-            bail!("openssl genrsa failed");
-        }
         let tokens = home.join("tokens.csv");
         std::fs::write(
             &tokens,
             format!("{KUBE_ADMIN_TOKEN},admin,admin,\"system:masters\"\n"),
         )?;
-
         let port = free_port()?;
-        let server = format!("https://127.0.0.1:{port}");
+        let host: IpAddr = match for_node {
+            true => BRIDGE_IP.into(),
+            false => LOOPBACK,
+        };
+        let server = format!("https://{host}:{port}");
         let mut api_cmd = Command::new(apiserver_bin);
         api_cmd
             .arg(format!("--etcd-servers={etcd_url}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--bind-address={host}"))
+            .arg(format!("--advertise-address={host}"))
             .arg(format!("--secure-port={port}"))
-            .arg(format!("--cert-dir={}", home.join("pki").display()))
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .arg(format!("--service-cluster-ip-range={SERVICE_RANGE}"))
             .arg(format!("--service-account-issuer={server}"))
-            .arg(format!("--service-account-key-file={}", sa_key.display()))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                sa_key.display()
-            ))
-            .arg("--authorization-mode=RBAC")
             .arg(format!("--token-auth-file={}", tokens.display()))
             .args([
-                "--disable-admission-plugins=ServiceAccount",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
                 "--v=0",
             ]);
+        let pki = if for_node {
+            let pki = NodePki::create(&home.join("pki"))?;
+            let ca = &pki.authority;
+            let serving = ca.issue(
+                "apiserver",
+                "kube-apiserver",
+                &Usage::Server {
+                    names: &[
+                        "kubernetes",
+                        "kubernetes.default",
+                        "kubernetes.default.svc",
+                        "kubernetes.default.svc.cluster.local",
+                        "localhost",
+                    ],
+                    addresses: &[BRIDGE_IP.into(), KUBERNETES_SERVICE_IP.into(), LOOPBACK],
+                },
+            )?;
+            // Logs and exec go apiserver → kubelet; the kubelet asks the apiserver whether
+            // this client may, and system:masters may.
+            let kubelet_client = ca.issue(
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                &Usage::Client {
+                    org: Some("system:masters"),
+                },
+            )?;
+            api_cmd
+                .arg(format!("--tls-cert-file={}", serving.cert.display()))
+                .arg(format!("--tls-private-key-file={}", serving.key.display()))
+                .arg(format!("--client-ca-file={}", ca.cert.display()))
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    kubelet_client.cert.display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    kubelet_client.key.display()
+                ))
+                .arg("--kubelet-preferred-address-types=InternalIP")
+                .arg(format!(
+                    "--service-account-key-file={}",
+                    pki.service_account.cert.display()
+                ))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    pki.service_account.key.display()
+                ))
+                .args([
+                    "--authorization-mode=Node,RBAC",
+                    "--enable-admission-plugins=NodeRestriction",
+                ]);
+            Some(pki)
+        } else {
+            // One RSA key both signs and verifies service-account tokens.
+            let sa_key = home.join("pki/sa.key");
+            let status = Command::new("openssl")
+                .args(["genrsa", "-out"])
+                .arg(&sa_key)
+                .arg("2048")
+                .stderr(std::process::Stdio::null())
+                .status()
+                .context("running openssl genrsa (install openssl)")?;
+            if !status.success() {
+                bail!("openssl genrsa failed");
+            }
+            api_cmd
+                .arg(format!("--cert-dir={}", home.join("pki").display()))
+                .arg(format!("--service-account-key-file={}", sa_key.display()))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    sa_key.display()
+                ))
+                // No controller-manager makes ServiceAccounts and no kubelet serves the
+                // `kubernetes` Service here.
+                .args([
+                    "--authorization-mode=RBAC",
+                    "--disable-admission-plugins=ServiceAccount",
+                    "--endpoint-reconciler-type=none",
+                ]);
+            None
+        };
         let mut apiserver = ServerProcess::spawn(
             "kube-apiserver",
             &mut api_cmd,
@@ -295,12 +371,16 @@ impl Kube {
             }
         })
         .await?;
+        let trust = match &pki {
+            Some(pki) => format!("certificate-authority: {}", pki.authority.cert.display()),
+            None => "insecure-skip-tls-verify: true".to_owned(),
+        };
         let kubeconfig = home.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: perago-e2e\n  cluster:\n    server: {server}\n    \
-                 insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {KUBE_ADMIN_TOKEN}\n\
+                 {trust}\nusers:\n- name: admin\n  user:\n    token: {KUBE_ADMIN_TOKEN}\n\
                  contexts:\n- name: perago-e2e\n  context:\n    cluster: perago-e2e\n    user: admin\n    \
                  namespace: default\ncurrent-context: perago-e2e\n"
             ),
@@ -309,6 +389,7 @@ impl Kube {
         Ok(Self {
             server,
             kubeconfig,
+            pki,
             _etcd: etcd,
             _apiserver: apiserver,
         })
@@ -321,16 +402,22 @@ pub struct Selection {
     pub conductor: bool,
     pub lakefs: bool,
     pub kube: bool,
+    /// The whole single-node cluster (implies `kube`); every server then listens on the pod
+    /// bridge's address, where pods reach it.
+    pub node: bool,
 }
 
 impl Selection {
+    /// Conductor, lakeFS and the whole node.
     pub const ALL: Self = Self {
         conductor: true,
         lakefs: true,
         kube: true,
+        node: true,
     };
 
-    /// Parse `all` or a comma-separated list of `conductor`, `lakefs`, `kube`.
+    /// Parse `all` or a comma-separated list of `conductor`, `lakefs`, `kube` (the API alone),
+    /// `node` (the API and the node).
     pub fn parse(text: &str) -> Result<Self> {
         let mut s = Self::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -339,7 +426,8 @@ impl Selection {
                 "conductor" => s.conductor = true,
                 "lakefs" => s.lakefs = true,
                 "kube" => s.kube = true,
-                other => bail!("unknown service '{other}' (conductor, lakefs, kube, all)"),
+                "node" => (s.kube, s.node) = (true, true),
+                other => bail!("unknown service '{other}' (conductor, lakefs, kube, node, all)"),
             }
         }
         Ok(s)
@@ -353,8 +441,13 @@ pub struct Services {
     pub conductor: Option<Conductor>,
     pub lakefs: Option<LakeFs>,
     pub kube: Option<Kube>,
+    pub node: Option<Node>,
+    /// Where the servers listen: loopback, or the pod bridge's address with a node.
+    pub host: IpAddr,
+    // Dropped last: the node's janitor must outlive every server.
     dir: tempfile::TempDir,
     _janitor: Option<std::process::Child>,
+    _machine: Option<Machine>,
 }
 
 impl Services {
@@ -363,42 +456,71 @@ impl Services {
         let keep = std::env::var_os("PERAGO_E2E_KEEP").is_some();
         let dir = tempfile::Builder::new()
             .prefix("perago-e2e-")
-            .disable_cleanup(keep)
+            // With a node the directory holds mounts: only the node's janitor removes it,
+            // after unmounting them.
+            .disable_cleanup(keep || selection.node)
             .tempdir()?;
-        let janitor = match keep {
-            true => None,
-            false => Some(crate::process::remove_after_exit(dir.path())?),
-        };
         let path = dir.path();
-        let (conductor, lakefs, kube) = tokio::join!(
+        let (machine, janitor) = match (selection.node, keep) {
+            (true, _) => (Some(crate::node::claim_machine(path)?), None),
+            (false, true) => (None, None),
+            (false, false) => (None, Some(crate::process::remove_after_exit(path)?)),
+        };
+        let host = match selection.node {
+            true => BRIDGE_IP.into(),
+            false => LOOPBACK,
+        };
+        let (conductor, lakefs, kube, containerd) = tokio::join!(
             async {
                 if selection.conductor {
-                    Conductor::start(path).await.map(Some)
+                    Conductor::start(path, host).await.map(Some)
                 } else {
                     Ok(None)
                 }
             },
             async {
                 if selection.lakefs {
-                    LakeFs::start(path).await.map(Some)
+                    LakeFs::start(path, host).await.map(Some)
                 } else {
                     Ok(None)
                 }
             },
             async {
-                if selection.kube {
-                    Kube::start(path).await.map(Some)
+                if selection.kube || selection.node {
+                    Kube::start(path, selection.node).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+            async {
+                if selection.node {
+                    let images = crate::node::build_images(path)?;
+                    Containerd::start(path, &images).await.map(Some)
                 } else {
                     Ok(None)
                 }
             },
         );
+        let (kube, containerd) = (kube?, containerd?);
+        let node = match (&kube, containerd) {
+            (Some(kube), Some(containerd)) => {
+                let pki = kube
+                    .pki
+                    .as_ref()
+                    .context("the node's apiserver has no PKI")?;
+                Some(Node::start(path, pki, &kube.server, kube.client().await?, containerd).await?)
+            }
+            _ => None,
+        };
         Ok(Self {
             conductor: conductor?,
             lakefs: lakefs?,
-            kube: kube?,
+            kube,
+            node,
+            host,
             dir,
             _janitor: janitor,
+            _machine: machine,
         })
     }
 
@@ -439,5 +561,9 @@ impl Services {
 
     pub fn kube(&self) -> &Kube {
         self.kube.as_ref().expect("kube-apiserver was not selected")
+    }
+
+    pub fn node(&self) -> &Node {
+        self.node.as_ref().expect("the node was not selected")
     }
 }

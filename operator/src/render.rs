@@ -417,6 +417,12 @@ pub fn deployment(
                         ..PodSecurityContext::default()
                     }),
                     service_account_name: exec.service_account_name.clone(),
+                    // Neither container calls the Kubernetes API: no token unless the task
+                    // names a ServiceAccount for its body (which then decides).
+                    automount_service_account_token: exec
+                        .service_account_name
+                        .is_none()
+                        .then_some(false),
                     node_selector: exec.node_selector.clone(),
                     tolerations: exec.tolerations.clone(),
                     image_pull_secrets: exec.image_pull_secrets.clone(),

@@ -1,47 +1,35 @@
 //! `make demo`: a workflow step that writes files, from PeragoTask to lakeFS commit, on the real
-//! servers.
+//! servers and a real single-node Kubernetes.
 //!
-//! 1. Starts Conductor, lakeFS and a Kubernetes control plane (etcd + kube-apiserver), and the
-//!    operator (`perago-operator run`) against that apiserver.
-//! 2. `kubectl apply`s the CRD, a lakeFS credentials Secret and the example PeragoTasks of
-//!    `deploy/examples/`; the operator registers each TaskDef in Conductor and renders each
-//!    task's contract ConfigMap and executor Deployment.
-//! 3. There is no kubelet here, so the `features-build` pod is played locally: the sidecar and
-//!    `perago-runner` as two processes sharing a directory, with the contract from the
-//!    operator's ConfigMap and the sidecar environment from its Deployment. A shell script
-//!    stands in for the body image.
+//! 1. Starts Conductor, lakeFS and the node (etcd, kube-apiserver, controller-manager,
+//!    scheduler, containerd, kubelet, kube-proxy), with the project's images imported.
+//! 2. `helm install`s the operator from `charts/perago-operator`; it runs in a pod and reaches
+//!    the API through the `kubernetes` Service.
+//! 3. `kubectl apply`s the example PeragoTasks of `deploy/examples/` into a namespace that
+//!    enforces Pod Security `restricted`. Their body images are placeholders
+//!    (`registry.example.com/...`), so the demo runs them on a busybox image, with a shell
+//!    script for `features-build`'s body. The operator registers each TaskDef in Conductor and
+//!    runs each task's executor pods; `kubectl wait` sees the tasks Ready.
 //! 4. Seeds a lakeFS repository, runs a Conductor workflow whose step turns `raw/*.wav` into
-//!    `features/*.parquet`, and prints the task result, the squash commit with its `perago.*`
-//!    metadata, and the files.
-//! 5. Deletes the PeragoTasks (the operator's finalizer runs) and stops everything.
+//!    `features/*.parquet` in the `features-build` executor pod, and prints the task result, the
+//!    squash commit with its `perago.*` metadata, the files and the pod's logs.
+//! 5. Deletes the PeragoTasks (the operator's finalizer runs), uninstalls the operator and stops
+//!    everything.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::Api;
-use perago_api::PeragoTask;
-use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
-use perago_e2e::process::{ServerProcess, free_port, obtain};
-use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
+use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE, RELEASE};
+use perago_e2e::lake::Lake;
+use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, Services};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const NAMESPACE: &str = "demo";
 const TASK: &str = "features-build";
-/// Environment the local pod sets itself (paths and ports of this machine, not the pod's).
-const LOCAL_ENV: [&str; 4] = [
-    "PERAGO_TASK_CONTRACT",
-    "PERAGO_WORK_DIR",
-    "PERAGO_HTTP_ADDR",
-    "POD_NAME",
-];
 
-/// Stand-in for the `features:1.4.0` image's `python -m features.build`: one feature file per
+/// Stand-in for the `features:1.4.0` image's `python -m features.build`, run by busybox's `sh`: one feature file per
 /// raw render inside the requested window, then the result the task declares.
 const FEATURES_BODY: &str = r#"
 set -eu
@@ -61,101 +49,79 @@ fn section(title: &str) {
     println!("\n== {title}");
 }
 
+/// Print a command as a user would type it, then its output.
+fn shown(cluster: &Cluster, args: &[&str]) -> Result<()> {
+    println!("$ kubectl {}", args.join(" "));
+    for line in cluster.kubectl(args)?.lines() {
+        println!("  {line}");
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let started = Instant::now();
-    let bins = build_dir()?;
 
-    section("real servers");
-    let services = Services::start(Selection {
-        conductor: true,
-        lakefs: true,
-        kube: true,
-    })
-    .await?;
+    section("real servers and a single-node Kubernetes");
+    let services = Services::start(Selection::ALL).await?;
     println!("Conductor      {}", services.conductor().api_url);
     println!("lakeFS         {}", services.lakefs().endpoint);
     println!("kube-apiserver {}", services.kube().server);
-    let kubectl = Kubectl {
-        binary: obtain("kubectl")?,
-        kubeconfig: services.kube().kubeconfig.clone(),
-        repo: repo.clone(),
-    };
-    let client = services.kube().client().await?;
+    println!("(servers listen on the pod bridge's address; the pods reach them there)");
+    let cluster = Cluster::new(&services)?;
+    shown(&cluster, &["get", "nodes", "-o", "wide"])?;
 
-    section("operator");
-    let operator = start_operator(&bins, &services)?;
+    section("helm install");
     println!(
-        "perago-operator run (log: {})",
-        operator.log_path().display()
+        "$ helm install {RELEASE} charts/perago-operator -n {OPERATOR_NAMESPACE} --set conductor.url=… --wait"
     );
+    let took = cluster.install_operator(&[])?;
+    println!("operator available in {took:.1?}");
+    shown(&cluster, &["get", "pods", "-n", OPERATOR_NAMESPACE])?;
 
-    section("kubectl apply");
-    kubectl.run(&[
-        "apply",
-        "--server-side",
-        "-f",
-        "crds/peragotasks.perago.io.yaml",
-    ])?;
-    kubectl.run(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/peragotasks.perago.io",
-        "--timeout=60s",
-    ])?;
-    kubectl.run(&["create", "namespace", NAMESPACE])?;
-    kubectl.run(&[
-        "create",
-        "secret",
-        "generic",
-        "lakefs-credentials",
-        "-n",
-        NAMESPACE,
-        &format!("--from-literal=LAKECTL_CREDENTIALS_ACCESS_KEY_ID={LAKEFS_ACCESS_KEY_ID}"),
-        &format!("--from-literal=LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY={LAKEFS_SECRET_ACCESS_KEY}"),
-    ])?;
-    kubectl.run(&[
-        "apply",
-        "--server-side",
-        "-k",
-        "deploy/examples",
-        "-n",
-        NAMESPACE,
-    ])?;
-
-    section("what the operator made of them");
-    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), NAMESPACE);
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    for task in wait_registered(&tasks, &operator).await? {
-        let name = task.metadata.name.clone().unwrap_or_default();
-        let status = task.status.clone().unwrap_or_default();
-        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
-        let def = conductor
-            .call(
-                reqwest::Method::GET,
-                &format!("/metadata/taskdefs/{}", task.spec.task_name),
-                None,
-            )
-            .await;
-        println!(
-            "{name}: TaskDef {} in Conductor (retryCount {}, responseTimeoutSeconds {}, sha256 {}…); \
-             Deployment replicas {}; Ready={} {}",
-            task.spec.task_name,
-            def["retryCount"],
-            def["responseTimeoutSeconds"],
-            status
-                .task_def_hash
-                .as_deref()
-                .unwrap_or("")
-                .get(..12)
-                .unwrap_or(""),
-            status.replicas.unwrap_or_default(),
-            ready.map_or("?", |c| c.status.as_str()),
-            ready.map_or("", |c| c.reason.as_str()),
-        );
+    section("kubectl apply -k deploy/examples");
+    cluster.task_namespace(NAMESPACE)?;
+    println!(
+        "namespace {NAMESPACE} (Pod Security restricted) with Secret lakefs-credentials; the \
+         examples' body images are placeholders, run here on {BUSYBOX_BODY_IMAGE}"
+    );
+    let examples = cluster.kubectl(&["kustomize", "deploy/examples"])?;
+    let mut manifests = Vec::new();
+    for mut task in perago_e2e::yaml_documents(&examples) {
+        let name = task["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        task["metadata"]["namespace"] = NAMESPACE.into();
+        let body = &mut task["spec"]["executor"]["body"];
+        body["image"] = BUSYBOX_BODY_IMAGE.into();
+        if name == TASK {
+            body["command"] = serde_yaml::to_value(["sh", "-c", FEATURES_BODY])?;
+            // The shell needs far less than the Python image the example sizes it for.
+            body["resources"] = serde_yaml::to_value(json!({
+                "requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}
+            }))?;
+        }
+        manifests.push(serde_yaml::to_string(&task)?);
     }
-    println!("(Ready=False: no kubelet runs pods here; the features-build pod is played locally)");
+    for line in cluster.apply(&manifests.join("---\n"))?.lines() {
+        println!("  {line}");
+    }
+    let waited = Instant::now();
+    let ready = cluster.kubectl(&[
+        "wait",
+        "-n",
+        NAMESPACE,
+        "--for=condition=Ready",
+        "peragotask",
+        "--all",
+        "--timeout=180s",
+    ]);
+    if let Err(e) = ready {
+        let pods = cluster.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
+        let events = cluster.kubectl(&["get", "events", "-n", NAMESPACE])?;
+        bail!("{e:#}\n{pods}\n{events}");
+    }
+    println!("all PeragoTasks Ready in {:.1?}", waited.elapsed());
+    shown(&cluster, &["get", "peragotasks", "-n", NAMESPACE])?;
+    shown(&cluster, &["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
 
     section("lakeFS input");
     let lake = Lake::new(&services.lakefs().endpoint);
@@ -179,14 +145,8 @@ async fn main() -> Result<()> {
         println!("  {key} ({size} bytes)");
     }
 
-    section("the pod, played locally");
-    println!(
-        "Deployment {TASK}-perago as rendered; played as perago-sidecar local + perago-runner \
-         with the contract of ConfigMap {TASK}-perago and the sidecar's environment:"
-    );
-    let pod = start_pod(&client, &bins, &services).await?;
-
     section("Conductor workflow");
+    let conductor = ConductorApi::new(&services.conductor().api_url);
     let workflow = run_workflow(&conductor, &repository, &input_ref).await;
     let finished = conductor.finished(&workflow).await;
     let step = &finished["tasks"][0];
@@ -198,8 +158,17 @@ async fn main() -> Result<()> {
         "task output: {}",
         serde_json::to_string_pretty(&step["outputData"])?
     );
+    let pod = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        NAMESPACE,
+        "-l",
+        &format!("perago.io/task={TASK}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
     if step["status"] != "COMPLETED" {
-        println!("{}", pod.log());
         bail!(
             "the demo task did not complete: {}",
             step["reasonForIncompletion"]
@@ -251,181 +220,39 @@ async fn main() -> Result<()> {
                 .join(", "))
             .unwrap_or_default()
     );
-    let metrics = pod
-        .metrics_with(&["perago_sidecar_attempts_total{status=\"COMPLETED\"} 1"])
-        .await;
-    for line in metrics.lines().filter(|l| {
-        l.starts_with("perago_sidecar_attempts_total")
-            || l.starts_with("perago_sidecar_phase_duration_seconds_count")
-            || l.starts_with("runtime_workspace_io_bytes_sum")
-    }) {
-        println!("  metric {line}");
+
+    section("the executor pod that ran the step");
+    if !pod.is_empty() {
+        println!("$ kubectl logs -n {NAMESPACE} {pod} -c perago-sidecar | grep {workflow}");
+        let log = cluster.kubectl(&["logs", "-n", NAMESPACE, &pod, "-c", "perago-sidecar"])?;
+        for line in log.lines().filter(|l| l.contains(&workflow)).take(8) {
+            println!("  {line}");
+        }
+        shown(&cluster, &["logs", "-n", NAMESPACE, &pod, "-c", "body"])?;
     }
 
     section("cleanup");
-    pod.stop().await;
-    kubectl.run(&[
-        "delete",
-        "-k",
-        "deploy/examples",
-        "-n",
-        NAMESPACE,
-        "--wait",
-        "--timeout=60s",
-    ])?;
-    println!("PeragoTasks deleted (deletionPolicy Retain: the TaskDefs stay in Conductor)");
-    drop(operator);
-    drop(services);
-    println!("finished in {:.1?}", started.elapsed());
-    Ok(())
-}
-
-/// The directory of this binary, where `make demo` built the operator and sidecar binaries.
-fn build_dir() -> Result<PathBuf> {
-    let dir = std::env::current_exe()?
-        .parent()
-        .context("locating the build directory")?
-        .to_owned();
-    for bin in ["perago-operator", "perago-sidecar", "perago-runner"] {
-        if !dir.join(bin).is_file() {
-            bail!("{bin} is not built: run `make demo` (it builds the operator and the sidecar)");
-        }
-    }
-    Ok(dir)
-}
-
-fn start_operator(bins: &Path, services: &Services) -> Result<ServerProcess> {
-    let http = free_port()?;
-    let mut command = Command::new(bins.join("perago-operator"));
-    command
-        .arg("run")
-        .env("KUBECONFIG", &services.kube().kubeconfig)
-        .env("PERAGO_CONDUCTOR_URL", &services.conductor().api_url)
-        .env("PERAGO_LAKEFS_ENDPOINT", &services.lakefs().endpoint)
-        .env("PERAGO_LAKEFS_CREDENTIALS_SECRET", "lakefs-credentials")
-        .env("PERAGO_LEADER_ELECTION", "false")
-        .env("PERAGO_RESYNC_SECONDS", "2")
-        .env("PERAGO_HTTP_ADDR", format!("127.0.0.1:{http}"));
-    ServerProcess::spawn(
-        "perago-operator",
-        &mut command,
-        services.dir().join("operator.log"),
-    )
-}
-
-/// Every PeragoTask of the namespace once the operator has registered its TaskDef.
-async fn wait_registered(
-    tasks: &Api<PeragoTask>,
-    operator: &ServerProcess,
-) -> Result<Vec<PeragoTask>> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let list = tasks.list(&Default::default()).await?.items;
-        if !list.is_empty()
-            && list
-                .iter()
-                .all(|t| t.status.as_ref().is_some_and(|s| s.task_def_hash.is_some()))
-        {
-            return Ok(list);
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the operator registered no TaskDef within 60 s; its log:\n{}",
-                operator.log_tail()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// The `features-build` pod as the operator rendered it: contract from the ConfigMap, sidecar
-/// environment from the Deployment (Secret references resolved), local paths and ports.
-async fn start_pod(client: &kube::Client, bins: &Path, services: &Services) -> Result<Pod> {
-    let config_map = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
-        .get(&format!("{TASK}-perago"))
-        .await?;
-    let contract: Value = serde_json::from_str(
-        config_map
-            .data
-            .as_ref()
-            .and_then(|d| d.get("contract.json"))
-            .context("the ConfigMap holds no contract.json")?,
+    shown(
+        &cluster,
+        &[
+            "delete",
+            "peragotasks",
+            "--all",
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout=120s",
+        ],
     )?;
-    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
-        .get(&format!("{TASK}-perago"))
-        .await?;
-    let pod_spec = deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .context("the Deployment has no pod template")?;
-    let inits = pod_spec.init_containers.unwrap_or_default();
-    for c in &inits {
-        let kind = if c.restart_policy.as_deref() == Some("Always") {
-            "native sidecar"
-        } else {
-            "init container"
-        };
-        println!("  {kind} {}: {}", c.name, command_line(c));
-    }
-    for c in &pod_spec.containers {
-        println!("  container {}: {}", c.name, command_line(c));
-    }
-    let sidecar = inits
-        .into_iter()
-        .find(|c| c.restart_policy.as_deref() == Some("Always"))
-        .context("the Deployment has no native sidecar")?;
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    let mut env = Vec::new();
-    for var in sidecar.env.unwrap_or_default() {
-        if LOCAL_ENV.contains(&var.name.as_str()) {
-            continue;
-        }
-        let value = match (var.value, var.value_from.and_then(|v| v.secret_key_ref)) {
-            (Some(value), _) => value,
-            (None, Some(reference)) => {
-                let secret = secrets.get(&reference.name).await?;
-                let bytes = secret
-                    .data
-                    .and_then(|mut d| d.remove(&reference.key))
-                    .with_context(|| {
-                        format!("Secret {} has no {}", reference.name, reference.key)
-                    })?;
-                String::from_utf8(bytes.0)?
-            }
-            _ => continue,
-        };
-        env.push((var.name, value));
-    }
-    env.push(("POD_NAME".into(), format!("{TASK}-local")));
-    env.push(("PERAGO_WORKER_ID_PREFIX".into(), "demo".into()));
-    env.push(("PERAGO_LOG".into(), "warn".into()));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let binaries = PodBinaries {
-        sidecar: bins.join("perago-sidecar"),
-        runner: bins.join("perago-runner"),
-    };
-    Ok(Pod::start(
-        &binaries,
-        &services.conductor().api_url,
-        &contract,
-        FEATURES_BODY,
-        &env,
-    )
-    .await)
-}
-
-fn command_line(container: &k8s_openapi::api::core::v1::Container) -> String {
-    let words: Vec<&str> = [&container.command, &container.args]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(String::as_str)
-        .collect();
-    format!(
-        "{} {}",
-        container.image.as_deref().unwrap_or(""),
-        words.join(" ")
-    )
+    println!("PeragoTasks deleted (deletionPolicy Retain: the TaskDefs stay in Conductor)");
+    cluster.helm(&["uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait"])?;
+    println!("operator uninstalled");
+    drop(services);
+    println!(
+        "finished in {:.1?} (the node is cleaned up in the background)",
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// A one-step workflow whose step reads the workspace and params from the workflow input.
@@ -457,152 +284,4 @@ async fn run_workflow(conductor: &ConductorApi, repository: &str, input_ref: &st
         )
         .await;
     id.as_str().unwrap_or_default().to_owned()
-}
-
-struct Kubectl {
-    binary: PathBuf,
-    kubeconfig: PathBuf,
-    repo: PathBuf,
-}
-
-impl Kubectl {
-    /// Run kubectl in the repository, echoing the command and its output.
-    fn run(&self, args: &[&str]) -> Result<()> {
-        let shown: Vec<&str> = args
-            .iter()
-            .map(|a| {
-                if a.contains("SECRET_ACCESS_KEY=") {
-                    "--from-literal=…"
-                } else {
-                    a
-                }
-            })
-            .collect();
-        println!("$ kubectl {}", shown.join(" "));
-        let out = Command::new(&self.binary)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .current_dir(&self.repo)
-            .output()?;
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            println!("  {line}");
-        }
-        if !out.status.success() {
-            bail!(
-                "kubectl {} failed: {}",
-                shown.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
-    }
-}
-
-/// The few lakeFS calls the demo makes as a user would, with the harness's admin key.
-struct Lake {
-    endpoint: String,
-    http: reqwest::Client,
-}
-
-impl Lake {
-    fn new(endpoint: &str) -> Self {
-        Self {
-            endpoint: format!("{endpoint}/api/v1"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap_or_default(),
-        }
-    }
-
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<String> {
-        let resp = request
-            .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
-            .send()
-            .await?;
-        let status = resp.status();
-        let text = resp.text().await?;
-        if !status.is_success() {
-            bail!("lakeFS answered {status}: {text}");
-        }
-        Ok(text)
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        let text = self
-            .send(self.http.get(format!("{}{path}", self.endpoint)))
-            .await?;
-        Ok(serde_json::from_str(&text)?)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        let text = self
-            .send(
-                self.http
-                    .post(format!("{}{path}", self.endpoint))
-                    .json(&body),
-            )
-            .await?;
-        Ok(serde_json::from_str(&text)?)
-    }
-
-    /// A repository whose main holds `files`; returns the seed commit.
-    async fn seed(&self, repository: &str, files: &[(&str, &str)]) -> Result<String> {
-        self.post(
-            "/repositories",
-            json!({"name": repository, "storage_namespace": format!("local://{repository}"),
-                   "default_branch": "main"}),
-        )
-        .await?;
-        for (key, text) in files {
-            self.send(
-                self.http
-                    .post(format!(
-                        "{}/repositories/{repository}/branches/main/objects",
-                        self.endpoint
-                    ))
-                    .query(&[("path", key)])
-                    .header("Content-Type", "application/octet-stream")
-                    .body(text.to_string()),
-            )
-            .await?;
-        }
-        let commit = self
-            .post(
-                &format!("/repositories/{repository}/branches/main/commits"),
-                json!({"message": "raw renders"}),
-            )
-            .await?;
-        commit["id"]
-            .as_str()
-            .map(str::to_owned)
-            .context("lakeFS returned a commit without an id")
-    }
-
-    /// Key → size of every object at `reference`.
-    async fn tree(&self, repository: &str, reference: &str) -> Result<BTreeMap<String, u64>> {
-        let listing = self
-            .get(&format!(
-                "/repositories/{repository}/refs/{reference}/objects/ls?amount=1000"
-            ))
-            .await?;
-        Ok(listing["results"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| Some((o["path"].as_str()?.to_owned(), o["size_bytes"].as_u64()?)))
-            .collect())
-    }
-
-    async fn object(&self, repository: &str, reference: &str, key: &str) -> Result<String> {
-        self.send(
-            self.http
-                .get(format!(
-                    "{}/repositories/{repository}/refs/{reference}/objects",
-                    self.endpoint
-                ))
-                .query(&[("path", key)]),
-        )
-        .await
-    }
 }

@@ -1,4 +1,4 @@
-//! `perago-e2e up [--services all|conductor,lakefs,kube] [--env-file FILE]`
+//! `perago-e2e up [--services all|conductor,lakefs,kube,node] [--env-file FILE]`
 //!
 //! Starts the real servers, prints (and optionally writes) the environment a client needs,
 //! and keeps them running until interrupted (Ctrl-C or SIGTERM), then stops them all.
@@ -12,7 +12,9 @@ async fn main() -> Result<()> {
     let (mut selection, mut env_file) = (Selection::ALL, None);
     match args.next().as_deref() {
         Some("up") => {}
-        _ => bail!("usage: perago-e2e up [--services all|conductor,lakefs,kube] [--env-file FILE]"),
+        _ => bail!(
+            "usage: perago-e2e up [--services all|conductor,lakefs,kube,node] [--env-file FILE]"
+        ),
     }
     while let Some(arg) = args.next() {
         match arg.as_str() {

@@ -166,8 +166,18 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                 ));
             }
             Event::Message(SidecarMessage::Assign {
-                execution_id, env, ..
+                execution_id,
+                env,
+                slot,
             }) => {
+                // The container's log is where a user looks first: name the attempt there.
+                let field = |key: &str| env.get(key).map_or("?", String::as_str);
+                log(&format!(
+                    "slot {slot}: starting execution {execution_id} (workflow {}, task {}, retry {})",
+                    field(perago_sidecar::protocol::env::WORKFLOW_INSTANCE_ID),
+                    field(perago_sidecar::protocol::env::TASK_ID),
+                    field(perago_sidecar::protocol::env::RETRY_COUNT),
+                ));
                 let spawned = Command::new(&args.command[0])
                     .args(&args.command[1..])
                     .envs(&env)
@@ -191,7 +201,14 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                         let writer = Arc::clone(&writer);
                         let tx = tx.clone();
                         thread::spawn(move || {
-                            let message = match child.wait() {
+                            let waited = child.wait();
+                            match &waited {
+                                Ok(status) => {
+                                    log(&format!("execution {execution_id} ended: {status}"))
+                                }
+                                Err(e) => log(&format!("execution {execution_id}: {e}")),
+                            }
+                            let message = match waited {
                                 Ok(status) => RunnerMessage::Exited {
                                     execution_id: execution_id.clone(),
                                     code: status.code(),

@@ -1,0 +1,176 @@
+//! Using the node as a user would: kubectl and Helm with the admin kubeconfig, the operator
+//! installed from the chart with the images the node holds, and task namespaces that enforce
+//! Pod Security `restricted`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::Services;
+use crate::node::{OPERATOR_IMAGE, SIDECAR_IMAGE};
+use crate::process::obtain;
+use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
+
+/// The namespace the operator is installed in, and its Helm release.
+pub const OPERATOR_NAMESPACE: &str = "perago-system";
+pub const RELEASE: &str = "perago";
+/// The operator's Deployment, as the chart names it.
+pub const OPERATOR_DEPLOYMENT: &str = "perago-operator";
+/// The Secret with the lakeFS key in each task namespace.
+pub const LAKEFS_SECRET: &str = "lakefs-credentials";
+
+pub struct Cluster {
+    kubectl: PathBuf,
+    helm: PathBuf,
+    kubeconfig: PathBuf,
+    repo: PathBuf,
+    conductor_url: String,
+    lakefs_endpoint: String,
+}
+
+impl Cluster {
+    pub fn new(services: &Services) -> Result<Self> {
+        if services.node.is_none() {
+            bail!("the cluster helpers need the node (Selection::ALL)");
+        }
+        Ok(Self {
+            kubectl: obtain("kubectl")?,
+            helm: obtain("helm")?,
+            kubeconfig: services.kube().kubeconfig.clone(),
+            repo: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+            conductor_url: services.conductor().api_url.clone(),
+            lakefs_endpoint: services.lakefs().endpoint.clone(),
+        })
+    }
+
+    fn command(&self, binary: &Path, args: &[&str]) -> Result<String> {
+        let out = Command::new(binary)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .current_dir(&self.repo)
+            .output()
+            .with_context(|| format!("running {}", binary.display()))?;
+        let name = binary.file_name().unwrap_or_default().to_string_lossy();
+        if !out.status.success() {
+            bail!(
+                "{name} {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl <args>` in the repository; its standard output.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.command(&self.kubectl, args)
+    }
+
+    /// `helm <args>` in the repository; its standard output.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        self.command(&self.helm, args)
+    }
+
+    /// `kubectl apply -f -` of a manifest.
+    pub fn apply(&self, manifest: &str) -> Result<String> {
+        let mut child = Command::new(&self.kubectl)
+            .args(["apply", "--server-side", "-f", "-"])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(
+            child.stdin.as_mut().context("kubectl has no stdin")?,
+            manifest.as_bytes(),
+        )?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply failed: {}\n{manifest}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A namespace enforcing Pod Security `restricted`, as production namespaces should.
+    pub fn restricted_namespace(&self, name: &str) -> Result<()> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    \
+             pod-security.kubernetes.io/enforce: restricted\n    \
+             pod-security.kubernetes.io/enforce-version: latest\n"
+        ))?;
+        Ok(())
+    }
+
+    /// A restricted namespace for PeragoTasks, with the lakeFS key their pods use.
+    pub fn task_namespace(&self, name: &str) -> Result<()> {
+        self.restricted_namespace(name)?;
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {LAKEFS_SECRET}\n  namespace: {name}\n\
+             stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: {LAKEFS_ACCESS_KEY_ID}\n  \
+             LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: {LAKEFS_SECRET_ACCESS_KEY}\n"
+        ))?;
+        Ok(())
+    }
+
+    /// `helm install` of the chart with the node's images, pointed at the harness's Conductor
+    /// and lakeFS on the bridge address, waiting until the operator is available. Returns how
+    /// long the install took.
+    pub fn install_operator(&self, extra: &[&str]) -> Result<Duration> {
+        let started = Instant::now();
+        self.restricted_namespace(OPERATOR_NAMESPACE)?;
+        let (image, image_tag) = OPERATOR_IMAGE.rsplit_once(':').context("operator image")?;
+        let (sidecar, sidecar_tag) = SIDECAR_IMAGE.rsplit_once(':').context("sidecar image")?;
+        let sets = [
+            format!("image.repository={image}"),
+            format!("image.tag={image_tag}"),
+            format!("sidecarImage.repository={sidecar}"),
+            format!("sidecarImage.tag={sidecar_tag}"),
+            format!("conductor.url={}", self.conductor_url),
+            format!("lakefs.endpoint={}", self.lakefs_endpoint),
+            format!("lakefs.credentialsSecret={LAKEFS_SECRET}"),
+        ];
+        let mut args = vec![
+            "install",
+            RELEASE,
+            "charts/perago-operator",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--wait",
+            "--timeout",
+            "180s",
+        ];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        args.extend(extra);
+        self.helm(&args).with_context(|| {
+            let pods = self
+                .kubectl(&["get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide"])
+                .unwrap_or_default();
+            let events = self
+                .kubectl(&["get", "events", "-n", OPERATOR_NAMESPACE])
+                .unwrap_or_default();
+            format!("the operator did not become available:\n{pods}\n{events}")
+        })?;
+        Ok(started.elapsed())
+    }
+
+    /// The operator's logs (every replica), for checks such as "no Forbidden".
+    pub fn operator_logs(&self) -> Result<String> {
+        self.kubectl(&[
+            "logs",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=perago-operator",
+            "--tail=-1",
+            "--prefix",
+        ])
+    }
+}

@@ -1,0 +1,660 @@
+//! A real single-node Kubernetes for the tests and the demo: containerd with a run-private
+//! root, state and socket; the controller-manager and the scheduler; a kubelet; kube-proxy, so
+//! pods reach the apiserver through the `kubernetes` Service as in any cluster; and a bridge
+//! pod network that exists only on this machine.
+//!
+//! The bridge, the iptables chains, the sysctls and the `kubepods` cgroups are machine-wide,
+//! so there is one node per machine at a time: [`claim_machine`] takes a lock that
+//! `e2e/bin/node-janitor` holds until it has undone everything the node did, however its owner
+//! exits. See `docs/testing.md` for the pieces and what each unusual setting is for.
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Node as NodeObject, ServiceAccount};
+
+use crate::pki::{Authority, Usage};
+use crate::process::{ServerProcess, bin_dir, free_port, obtain, wait_ready};
+
+/// The pod network's bridge, made by the harness; its address is where pods reach the servers.
+pub const BRIDGE: &str = "perago0";
+pub const BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 203, 0, 1);
+pub const POD_SUBNET: &str = "10.203.0.0/16";
+/// Cluster IPs of Services; the first is the `kubernetes` Service.
+pub const SERVICE_RANGE: &str = "10.204.0.0/24";
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 204, 0, 1);
+pub const NODE_NAME: &str = "perago-e2e-node";
+/// The machine-wide lock of the one node; a file in /run, so a reboot clears it.
+const LOCK: &str = "/run/perago-e2e-node.lock";
+/// How long to wait for another run's node (and its clean-up) to finish.
+const LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
+
+/// The images the node's containerd holds, by the name tests use.
+pub const OPERATOR_IMAGE: &str = "localhost/perago/perago-operator:e2e";
+pub const SIDECAR_IMAGE: &str = "localhost/perago/perago-sidecar:e2e";
+pub const PAUSE_IMAGE: &str = "localhost/perago/pause:e2e";
+pub const BUSYBOX_BODY_IMAGE: &str = "localhost/perago/body-busybox:e2e";
+pub const COMPILED_BODY_IMAGE: &str = "localhost/perago/body-compiled:e2e";
+
+/// This machine, claimed for one node: the lock is held (by this process and by the node's
+/// janitor) and the bridge exists.
+pub struct Machine {
+    _lock: File,
+    _janitor: Child,
+}
+
+/// Check the host can run a node, take the machine's node lock, remove what an earlier node
+/// left behind, start the janitor that undoes this one, and make the pod network's bridge.
+pub fn claim_machine(dir: &Path) -> Result<Machine> {
+    check_host()?;
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .read(true)
+        .open(LOCK)
+        .with_context(|| format!("opening the node lock {LOCK}"))?;
+    let started = Instant::now();
+    let mut told = false;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(LOCK).unwrap_or_default();
+                if !told {
+                    eprintln!(
+                        "[e2e] waiting for the node of another run to stop ({LOCK} held by pid {})",
+                        holder.trim()
+                    );
+                    told = true;
+                }
+                if started.elapsed() > LOCK_WAIT {
+                    bail!(
+                        "another run's node still holds {LOCK} (pid {}) after {LOCK_WAIT:?}; one \
+                         node runs per machine",
+                        holder.trim()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {LOCK}"));
+            }
+        }
+    }
+    std::fs::write(LOCK, format!("{}\n", std::process::id()))?;
+    let janitor = bin_dir().join("node-janitor");
+    run(
+        Command::new(&janitor).arg("--sweep"),
+        "removing an earlier node's leftovers",
+    )?;
+    run(
+        Command::new(&janitor).arg("--record").arg(dir),
+        "recording the machine's state",
+    )?;
+    // The janitor inherits the lock as its standard input: the open file keeps the lock held
+    // after this process is gone, until the janitor has cleaned up and exits.
+    let janitor = Command::new(&janitor)
+        .arg(std::process::id().to_string())
+        .arg(dir)
+        .stdin(lock.try_clone()?)
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.join("node-janitor.log"))?)
+        .process_group(0)
+        .spawn()
+        .context("starting the node janitor")?;
+    let cidr = format!("{BRIDGE_IP}/16");
+    run(
+        Command::new("ip").args(["link", "add", BRIDGE, "type", "bridge"]),
+        "creating the pod bridge",
+    )?;
+    run(
+        Command::new("ip").args(["addr", "add", &cidr, "dev", BRIDGE]),
+        "addressing the pod bridge",
+    )?;
+    run(
+        Command::new("ip").args(["link", "set", BRIDGE, "up"]),
+        "bringing the pod bridge up",
+    )?;
+    Ok(Machine {
+        _lock: lock,
+        _janitor: janitor,
+    })
+}
+
+/// A host that cannot run the node fails here with what is missing, never with a skip.
+fn check_host() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the node needs root (containerd, the kubelet, a bridge and iptables rules)");
+    }
+    for (tool, package) in [
+        ("containerd", "containerd"),
+        ("ctr", "containerd"),
+        ("runc", "runc"),
+        ("iptables", "iptables"),
+        ("ip", "iproute2"),
+        ("umoci", "umoci"),
+    ] {
+        if which(tool).is_none() {
+            bail!("the node needs `{tool}` on PATH: install the Debian package {package}");
+        }
+    }
+    for plugin in ["bridge", "host-local", "loopback"] {
+        if !Path::new("/usr/lib/cni").join(plugin).exists() {
+            bail!(
+                "the node needs the CNI plugin /usr/lib/cni/{plugin}: install the Debian package \
+                 containernetworking-plugins"
+            );
+        }
+    }
+    if !Path::new("/sys/fs/cgroup/memory").is_dir()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        bail!("the node needs cgroups with the memory controller under /sys/fs/cgroup");
+    }
+    Ok(())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+fn run(command: &mut Command, what: &str) -> Result<()> {
+    let out = command
+        .output()
+        .with_context(|| format!("{what}: running {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what}: {command:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(())
+}
+
+/// containerd with everything it keeps inside the run's directory, and the images imported.
+pub struct Containerd {
+    pub socket: PathBuf,
+    _process: ServerProcess,
+}
+
+impl Containerd {
+    pub async fn start(dir: &Path, images: &[(String, PathBuf)]) -> Result<Self> {
+        let home = dir.join("containerd");
+        let cni = dir.join("cni");
+        std::fs::create_dir_all(cni.join("net.d"))?;
+        std::fs::create_dir_all(&home)?;
+        let socket = home.join("containerd.sock");
+        let config = home.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"version = 2
+root = "{home}/root"
+state = "{home}/state"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{home}/ttrpc.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{home}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # These machines drop CAP_SYS_RESOURCE from every bounding set: runc cannot lower
+  # oom_score_adj, and without this every sandbox fails with "can't get final child's PID".
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  # Pod network namespaces live in the run's directory, so clean-up finds them.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{home}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}/net.d"
+"#,
+                home = home.display(),
+                socket = socket.display(),
+                cni = cni.display(),
+            ),
+        )?;
+        // The bridge plugin attaches pods to the harness's bridge; the gateway address is the
+        // bridge's own, set by the harness (isGateway false), and the one route pods get
+        // beyond their subnet is to the Service range, which kube-proxy serves on this host.
+        std::fs::write(
+            cni.join("net.d/10-perago.conflist"),
+            serde_json::to_string_pretty(&serde_json::json!({
+                "cniVersion": "1.0.0",
+                "name": "perago-e2e",
+                "plugins": [{
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": false,
+                    "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": cni.join("ipam"),
+                        "ranges": [[{
+                            "subnet": POD_SUBNET,
+                            "rangeStart": "10.203.1.1",
+                            "gateway": BRIDGE_IP.to_string(),
+                        }]],
+                        "routes": [{"dst": SERVICE_RANGE, "gw": BRIDGE_IP.to_string()}],
+                    },
+                }],
+            }))?,
+        )?;
+        let mut cmd = Command::new("containerd");
+        cmd.arg("--config").arg(&config);
+        let mut process = ServerProcess::spawn("containerd", &mut cmd, dir.join("containerd.log"))?;
+        let sock = socket.clone();
+        wait_ready(&mut process, Duration::from_secs(30), || {
+            let sock = sock.clone();
+            async move { ctr(&sock, &["version"]).is_ok() }
+        })
+        .await?;
+        let started = Instant::now();
+        for (reference, archive) in images {
+            let archive = archive.to_string_lossy();
+            ctr(&socket, &["images", "import", "--no-unpack", &archive])
+                .with_context(|| format!("importing {reference} from {archive}"))?;
+        }
+        let listed = ctr(&socket, &["images", "ls", "-q"])?;
+        for (reference, _) in images {
+            if !listed.lines().any(|l| l == reference) {
+                bail!("containerd does not list {reference} after its import; it lists:\n{listed}");
+            }
+        }
+        eprintln!(
+            "[e2e] containerd ready, {} images imported in {:.1?}",
+            images.len(),
+            started.elapsed()
+        );
+        Ok(Self {
+            socket,
+            _process: process,
+        })
+    }
+}
+
+/// `ctr --address <socket> -n k8s.io <args>`, its standard output.
+pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .context("running ctr")?;
+    if !out.status.success() {
+        bail!(
+            "ctr {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Assemble the project's images (`e2e/bin/images`) from the static release binaries.
+pub fn build_images(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let binaries = std::env::var_os("PERAGO_RELEASE_BINARIES").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release-binaries"),
+        PathBuf::from,
+    );
+    for binary in ["perago-operator", "perago-sidecar", "perago-runner"] {
+        if !binaries.join(binary).is_file() {
+            bail!(
+                "{} has no {binary}: the node's images are made from the static release binaries; \
+                 run `make release-binaries` (make test and make demo do)",
+                binaries.display()
+            );
+        }
+    }
+    let out = dir.join("images");
+    let started = Instant::now();
+    let output = Command::new(bin_dir().join("images"))
+        .arg(&binaries)
+        .arg(&out)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running e2e/bin/images")?;
+    if !output.status.success() {
+        bail!(
+            "e2e/bin/images failed ({}; see its output above)",
+            output.status
+        );
+    }
+    let images: Vec<(String, PathBuf)> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(r, p)| (r.to_owned(), PathBuf::from(p)))
+        .collect();
+    eprintln!(
+        "[e2e] {} images assembled in {:.1?}",
+        images.len(),
+        started.elapsed()
+    );
+    Ok(images)
+}
+
+/// The node's certificates, made by the apiserver's start.
+pub struct NodePki {
+    pub authority: Authority,
+    pub service_account: crate::pki::Pair,
+}
+
+impl NodePki {
+    pub fn create(dir: &Path) -> Result<Self> {
+        let authority = Authority::create(dir)?;
+        let service_account = authority.key_pair("service-account")?;
+        Ok(Self {
+            authority,
+            service_account,
+        })
+    }
+}
+
+/// Writes a kubeconfig for a component: (file name, user, group) → its path.
+type KubeconfigFor<'a> = &'a dyn Fn(&str, &str, Option<&str>) -> Result<PathBuf>;
+
+/// The node's processes beside the apiserver.
+pub struct Node {
+    _controller_manager: ServerProcess,
+    _scheduler: ServerProcess,
+    _kubelet: ServerProcess,
+    _proxy: ServerProcess,
+    pub containerd: Containerd,
+}
+
+impl Node {
+    /// Start the rest of the cluster on `apiserver` (reachable on the bridge address) and wait
+    /// until the node is Ready and the `default` ServiceAccount exists.
+    pub async fn start(
+        dir: &Path,
+        pki: &NodePki,
+        apiserver: &str,
+        client: kube::Client,
+        containerd: Containerd,
+    ) -> Result<Self> {
+        let started = Instant::now();
+        let home = dir.join("node");
+        std::fs::create_dir_all(&home)?;
+        let ca = &pki.authority;
+        let kubeconfig = |name: &str, cn: &str, org: Option<&str>| -> Result<PathBuf> {
+            let pair = ca.issue(name, cn, &Usage::Client { org })?;
+            let path = home.join(format!("{name}.kubeconfig"));
+            ca.kubeconfig(&path, apiserver, &pair)?;
+            Ok(path)
+        };
+
+        let port = free_port()?;
+        let mut cmd = Command::new(obtain("kube-controller-manager")?);
+        cmd.arg(format!(
+            "--kubeconfig={}",
+            kubeconfig("controller-manager", "system:kube-controller-manager", None)?.display()
+        ))
+        .args(["--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!(
+            "--cert-dir={}",
+            home.join("controller-manager").display()
+        ))
+        // Each controller acts as its own ServiceAccount, as in a real cluster, so RBAC
+        // applies to what it does.
+        .arg("--use-service-account-credentials")
+        .arg(format!(
+            "--service-account-private-key-file={}",
+            pki.service_account.key.display()
+        ))
+        .arg(format!("--root-ca-file={}", ca.cert.display()))
+        .arg(format!("--cluster-signing-cert-file={}", ca.cert.display()))
+        .arg(format!("--cluster-signing-key-file={}", ca.key.display()))
+        .arg(format!("--service-cluster-ip-range={SERVICE_RANGE}"))
+        .arg("--allocate-node-cidrs=false");
+        let mut controller_manager = ServerProcess::spawn(
+            "kube-controller-manager",
+            &mut cmd,
+            dir.join("kube-controller-manager.log"),
+        )?;
+        let healthz = format!("https://127.0.0.1:{port}/healthz");
+        wait_healthy(&mut controller_manager, &healthz, Duration::from_secs(60)).await?;
+
+        let port = free_port()?;
+        let mut cmd = Command::new(obtain("kube-scheduler")?);
+        cmd.arg(format!(
+            "--kubeconfig={}",
+            kubeconfig("scheduler", "system:kube-scheduler", None)?.display()
+        ))
+        .args(["--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--cert-dir={}", home.join("scheduler").display()));
+        let mut scheduler =
+            ServerProcess::spawn("kube-scheduler", &mut cmd, dir.join("kube-scheduler.log"))?;
+        let healthz = format!("https://127.0.0.1:{port}/healthz");
+        wait_healthy(&mut scheduler, &healthz, Duration::from_secs(60)).await?;
+
+        let kubelet = Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig).await?;
+        let proxy = Self::start_proxy(dir, &home, &kubeconfig).await?;
+
+        wait_for_api(Duration::from_secs(60), "the node to be Ready", || {
+            let client = client.clone();
+            async move {
+                let nodes: kube::Api<NodeObject> = kube::Api::all(client);
+                let node = nodes.get_opt(NODE_NAME).await.ok().flatten()?;
+                node.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await
+        .with_context(|| tail(&dir.join("kubelet.log")))?;
+        wait_for_api(
+            Duration::from_secs(60),
+            "the default ServiceAccount",
+            || {
+                let client = client.clone();
+                async move {
+                    let accounts: kube::Api<ServiceAccount> =
+                        kube::Api::namespaced(client, "default");
+                    accounts.get_opt("default").await.ok().flatten().map(|_| ())
+                }
+            },
+        )
+        .await
+        .with_context(|| tail(&dir.join("kube-controller-manager.log")))?;
+        eprintln!("[e2e] node {NODE_NAME} Ready in {:.1?}", started.elapsed());
+        Ok(Self {
+            _controller_manager: controller_manager,
+            _scheduler: scheduler,
+            _kubelet: kubelet,
+            _proxy: proxy,
+            containerd,
+        })
+    }
+
+    async fn start_kubelet(
+        dir: &Path,
+        home: &Path,
+        pki: &NodePki,
+        containerd: &Containerd,
+        kubeconfig: KubeconfigFor<'_>,
+    ) -> Result<ServerProcess> {
+        let ca = &pki.authority;
+        let serving = ca.issue(
+            "kubelet-serving",
+            NODE_NAME,
+            &Usage::Server {
+                names: &[NODE_NAME],
+                addresses: &[IpAddr::V4(BRIDGE_IP)],
+            },
+        )?;
+        let root = home.join("kubelet");
+        std::fs::create_dir_all(&root)?;
+        let (port, healthz_port) = (free_port()?, free_port()?);
+        let config = home.join("kubelet.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# 1.35 refuses cgroup v1 hosts unless told; these machines have the v1 hierarchy.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+failSwapOn: false
+containerRuntimeEndpoint: unix://{socket}
+address: {BRIDGE_IP}
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization:
+  mode: Webhook
+# Local images cannot be pulled again: never collect them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# No cluster DNS: pods get the host's resolver only with dnsPolicy Default.
+resolvConf: ""
+podLogsDir: {logs}
+volumePluginDir: {plugins}
+# A shared build machine's disk and memory are not this node's to guard.
+evictionHard: {{memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 2s
+syncFrequency: 10s
+"#,
+                socket = containerd.socket.display(),
+                cert = serving.cert.display(),
+                key = serving.key.display(),
+                ca = ca.cert.display(),
+                logs = home.join("pod-logs").display(),
+                plugins = home.join("volume-plugins").display(),
+            ),
+        )?;
+        let mut cmd = Command::new(obtain("kubelet")?);
+        cmd.arg(format!("--config={}", config.display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                kubeconfig(
+                    "kubelet",
+                    &format!("system:node:{NODE_NAME}"),
+                    Some("system:nodes")
+                )?
+                .display()
+            ))
+            .arg(format!("--root-dir={}", root.display()))
+            .arg(format!("--cert-dir={}", home.join("kubelet-pki").display()))
+            .arg(format!("--hostname-override={NODE_NAME}"))
+            // The kubelet refuses a loopback node address; the bridge's is the node's.
+            .arg(format!("--node-ip={BRIDGE_IP}"))
+            .arg("--v=1");
+        let mut kubelet = ServerProcess::spawn("kubelet", &mut cmd, dir.join("kubelet.log"))?;
+        let healthz = format!("http://127.0.0.1:{healthz_port}/healthz");
+        wait_healthy(&mut kubelet, &healthz, Duration::from_secs(60)).await?;
+        Ok(kubelet)
+    }
+
+    async fn start_proxy(
+        dir: &Path,
+        home: &Path,
+        kubeconfig: KubeconfigFor<'_>,
+    ) -> Result<ServerProcess> {
+        let (healthz_port, metrics_port) = (free_port()?, free_port()?);
+        let config = home.join("kube-proxy.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+hostnameOverride: {NODE_NAME}
+bindAddress: {BRIDGE_IP}
+healthzBindAddress: 127.0.0.1:{healthz_port}
+metricsBindAddress: 127.0.0.1:{metrics_port}
+mode: iptables
+clusterCIDR: {POD_SUBNET}
+# Leave the machine's conntrack settings alone.
+conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+# NodePorts on loopback would need route_localnet; NodePorts serve the bridge address only.
+iptables: {{localhostNodePorts: false}}
+nodePortAddresses: ["{BRIDGE_IP}/32"]
+"#,
+                kubeconfig = kubeconfig("kube-proxy", "system:kube-proxy", None)?.display(),
+            ),
+        )?;
+        let mut cmd = Command::new(obtain("kube-proxy")?);
+        cmd.arg(format!("--config={}", config.display()))
+            .arg("--v=1");
+        let mut proxy = ServerProcess::spawn("kube-proxy", &mut cmd, dir.join("kube-proxy.log"))?;
+        let healthz = format!("http://127.0.0.1:{healthz_port}/healthz");
+        wait_healthy(&mut proxy, &healthz, Duration::from_secs(60)).await?;
+        Ok(proxy)
+    }
+}
+
+async fn wait_healthy(server: &mut ServerProcess, url: &str, limit: Duration) -> Result<()> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .danger_accept_invalid_certs(true)
+        .build()?;
+    wait_ready(server, limit, || {
+        let request = client.get(url);
+        async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Poll an API condition until it holds.
+async fn wait_for_api<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let started = Instant::now();
+    loop {
+        if probe().await.is_some() {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            bail!("waited {limit:?} for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    format!(
+        "last lines of {}:\n{}",
+        log.display(),
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    )
+}
