@@ -32,7 +32,17 @@ async fn cluster() -> (&'static Services, &'static Cluster) {
 }
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
-    let task = json!({
+    workspace_task_with(namespace, name, script, &json!({}))
+}
+
+/// A workspace task whose body is `sh -c script` on busybox, with `body` merged into its body.
+fn workspace_task_with(
+    namespace: &str,
+    name: &str,
+    script: &str,
+    body: &serde_json::Value,
+) -> String {
+    let mut task = json!({
         "apiVersion": "perago.io/v1alpha1",
         "kind": "PeragoTask",
         "metadata": {"name": name, "namespace": namespace},
@@ -52,6 +62,9 @@ fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
             },
         },
     });
+    for (key, value) in body.as_object().unwrap() {
+        task["spec"]["executor"]["body"][key] = value.clone();
+    }
     serde_json::to_string(&task).unwrap()
 }
 
@@ -296,4 +309,285 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
         !operator_logs.to_lowercase().contains("forbidden"),
         "the operator was refused by RBAC:\n{operator_logs}"
     );
+}
+
+/// Poll `kubectl logs` of a container until it holds `needle`.
+async fn wait_for_log(
+    cluster: &Cluster,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    needle: &str,
+) {
+    for _ in 0..300 {
+        let log = cluster
+            .kubectl(&["logs", "-n", namespace, pod, "-c", container])
+            .unwrap_or_default();
+        if log.contains(needle) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{namespace}/{pod} {container} never logged {needle:?}");
+}
+
+/// Wait until the pod is gone from the API; the time it went.
+async fn wait_gone(pods: &Api<Pod>, name: &str, limit: Duration) -> std::time::SystemTime {
+    let started = std::time::Instant::now();
+    while pods.get_opt(name).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < limit,
+            "pod {name} still exists after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::time::SystemTime::now()
+}
+
+const SLOW_BODY: &str = r#"
+set -eu
+echo "body started $PERAGO_EXECUTION_ID"
+sleep 8
+echo "written while the pod was stopping" > "$PERAGO_WORKSPACE/drained-$PERAGO_TASK_ID.txt"
+printf '{"files": 1}' > "$PERAGO_RESULT"
+echo "body finished $PERAGO_EXECUTION_ID"
+"#;
+
+/// A pod told to stop (scale-in, then a rollout) stops polling, finishes the attempt it runs,
+/// publishes and reports it, and only then exits, within the grace period the operator set.
+#[tokio::test]
+async fn a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits() {
+    let (services, cluster) = cluster().await;
+    let (namespace, name) = ("pods-drain", "drain");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task(namespace, name, SLOW_BODY))
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("pods-drain-{}", std::process::id());
+    let mut head = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+
+    for (case, stop) in [("scale-in", "scale"), ("rollout", "patch")] {
+        cluster
+            .kubectl(&[
+                "wait",
+                "-n",
+                namespace,
+                "--for=condition=Ready",
+                &format!("peragotask/{name}"),
+                "--timeout=120s",
+            ])
+            .unwrap();
+        let pod = task_pod(&client, namespace, name).await;
+        let pod_name = pod.metadata.name.clone().unwrap();
+        let grace = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .termination_grace_period_seconds
+            .unwrap();
+        let workflow = conductor
+            .start(
+                &format!("{namespace}.{name}"),
+                case,
+                json!({
+                    "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": head},
+                    "params": {"n": 1},
+                }),
+            )
+            .await;
+        wait_for_log(cluster, namespace, &pod_name, "body", "body started").await;
+        let told = std::time::SystemTime::now();
+        match stop {
+            "scale" => cluster.kubectl(&[
+                "scale",
+                "-n",
+                namespace,
+                &format!("peragotask/{name}"),
+                "--replicas=0",
+            ]),
+            _ => cluster.kubectl(&[
+                "patch",
+                "-n",
+                namespace,
+                &format!("peragotask/{name}"),
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"executor":{"body":{"env":[{"name":"ROLLED","value":"1"}]}}}}"#,
+            ]),
+        }
+        .unwrap();
+        let gone = wait_gone(
+            &pods,
+            &pod_name,
+            Duration::from_secs(u64::try_from(grace).unwrap() + 15),
+        )
+        .await;
+        let finished = conductor.finished(&workflow).await;
+        let tasks = finished["tasks"].as_array().unwrap();
+        assert_eq!(tasks.len(), 1, "{case}: one attempt, no retry: {finished}");
+        let step = &tasks[0];
+        assert_eq!(step["status"], "COMPLETED", "{case}: {step}");
+        assert!(
+            step["workerId"].as_str().unwrap().contains(&pod_name),
+            "{case}: {step}"
+        );
+        let reported =
+            std::time::UNIX_EPOCH + Duration::from_millis(step["endTime"].as_u64().unwrap());
+        assert!(
+            reported <= gone,
+            "{case}: reported at {reported:?}, after the pod was gone at {gone:?}"
+        );
+        let stopping = gone.duration_since(told).unwrap();
+        assert!(
+            stopping < Duration::from_secs(u64::try_from(grace).unwrap()),
+            "{case}: the pod took {stopping:?} to stop, beyond its grace of {grace} s"
+        );
+        eprintln!(
+            "{case}: pod {pod_name} told to stop during its attempt; COMPLETED {:.1?} and gone {stopping:.1?} after (grace {grace} s)",
+            reported.duration_since(told).unwrap_or_default(),
+        );
+
+        // Published once: one squash commit on the previous head, holding the file.
+        let new_head = step["outputData"]["workspace"]["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let commit = lake
+            .get(&format!("/repositories/{repository}/commits/{new_head}"))
+            .await
+            .unwrap();
+        assert_eq!(commit["parents"], json!([head]), "{case}: {commit}");
+        let task_id = step["taskId"].as_str().unwrap();
+        assert!(
+            lake.tree(&repository, &new_head)
+                .await
+                .unwrap()
+                .contains_key(&format!("data/drained-{task_id}.txt"))
+        );
+        head = new_head;
+        if stop == "scale" {
+            cluster
+                .kubectl(&[
+                    "scale",
+                    "-n",
+                    namespace,
+                    &format!("peragotask/{name}"),
+                    "--replicas=1",
+                ])
+                .unwrap();
+        }
+    }
+    let branches = lake
+        .get(&format!("/repositories/{repository}/branches"))
+        .await
+        .unwrap();
+    assert_eq!(
+        branches["results"].as_array().unwrap().len(),
+        1,
+        "{branches}"
+    );
+}
+
+const GREEDY_BODY: &str = r#"
+set -eu
+if [ "$PERAGO_RETRY_COUNT" = 0 ]; then
+  echo "body: holding 200 MB in a 48 MiB container"
+  greedy=$(yes | head -c 200000000)
+  echo "never reached ${#greedy}"
+fi
+echo "retry $PERAGO_RETRY_COUNT fits" > "$PERAGO_WORKSPACE/fits.txt"
+printf '{"files": 1}' > "$PERAGO_RESULT"
+"#;
+
+/// A body its container's memory limit kills: the attempt fails saying so, the retry
+/// publishes once.
+#[tokio::test]
+async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publishes_once() {
+    let (services, cluster) = cluster().await;
+    let (namespace, name) = ("pods-oom", "greedy");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task_with(
+            namespace,
+            name,
+            GREEDY_BODY,
+            &json!({"resources": {"requests": {"memory": "48Mi"}, "limits": {"memory": "48Mi"}}}),
+        ))
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            &format!("peragotask/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("pods-oom-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = conductor
+        .start(
+            &format!("{namespace}.{name}"),
+            "oom",
+            json!({
+                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
+                "params": {"n": 1},
+            }),
+        )
+        .await;
+    let finished = conductor.finished(&workflow).await;
+    let tasks = finished["tasks"].as_array().unwrap();
+    let statuses: Vec<&str> = tasks
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["FAILED", "COMPLETED"], "{finished}");
+    let reason = tasks[0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.contains("exited while running task")
+            && reason.ends_with(
+                "the task body was killed by the out-of-memory killer: its container reached \
+                 its memory limit"
+            ),
+        "{reason}"
+    );
+    let head = tasks[1]["outputData"]["workspace"]["ref"].as_str().unwrap();
+    let commit = lake
+        .get(&format!("/repositories/{repository}/commits/{head}"))
+        .await
+        .unwrap();
+    assert_eq!(commit["parents"], json!([input_ref]), "published once");
+    assert_eq!(commit["metadata"]["perago.retry_count"], "1");
+    assert_eq!(
+        lake.object(&repository, head, "data/fits.txt")
+            .await
+            .unwrap(),
+        "retry 1 fits\n"
+    );
+    // The container itself was not restarted: the runner, its PID 1, survived the kill.
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name).await;
+    let body = pod
+        .status
+        .unwrap()
+        .container_statuses
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "body")
+        .unwrap();
+    assert_eq!(body.restart_count, 0, "{body:?}");
+    eprintln!("OOM-killed attempt reported as: {reason}");
 }

@@ -155,6 +155,19 @@ pub fn runner_lost(worker: &str, task_id: &str) -> String {
     format!("executor process for worker {worker} exited while running task {task_id}")
 }
 
+/// Why a body died of a signal, for the reason after the reference's executor-exited text.
+pub fn killed_why(signal: i32, oom_killed: bool) -> String {
+    if oom_killed {
+        return "the task body was killed by the out-of-memory killer: its container reached \
+                its memory limit"
+            .to_owned();
+    }
+    match nix::sys::signal::Signal::try_from(signal) {
+        Ok(name) => format!("the task body was killed by signal {signal} ({name})"),
+        Err(_) => format!("the task body was killed by signal {signal}"),
+    }
+}
+
 pub fn pipe_broken(worker: &str, task_id: &str) -> String {
     format!("executor pipe for worker {worker} is broken for task {task_id}")
 }
@@ -224,9 +237,12 @@ pub async fn run_body(
     };
     info!(phase = "body", end = ?end, "task body ended");
     match end {
-        ProcessEnd::RunnerLost | ProcessEnd::Signalled { .. } => {
-            Err(Outcome::failed(runner_lost(run.slot_worker_id, task_id)))
-        }
+        ProcessEnd::RunnerLost => Err(Outcome::failed(runner_lost(run.slot_worker_id, task_id))),
+        ProcessEnd::Signalled { signal, oom_killed } => Err(Outcome::failed(format!(
+            "{}: {}",
+            runner_lost(run.slot_worker_id, task_id),
+            killed_why(signal, oom_killed)
+        ))),
         ProcessEnd::NotStarted { error } => Err(Outcome::failed(format!(
             "task body could not be started: {error}"
         ))),

@@ -27,6 +27,8 @@ pub enum RunnerMessage {
     Hello { protocol: u32, pid: u32 },
     /// The attempt's process ended. `code` is its exit status, `signal` the signal that
     /// killed it; exactly one of them is set. `error` is set when it could not be started.
+    /// `oomKilled` is set when the kernel's out-of-memory killer killed it (the container
+    /// reached its memory limit), where the kernel tells.
     #[serde(rename_all = "camelCase")]
     Exited {
         execution_id: String,
@@ -36,6 +38,8 @@ pub enum RunnerMessage {
         signal: Option<i32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        oom_killed: bool,
     },
     /// The body container is stopping: send no more assignments on this connection.
     Draining,
@@ -110,9 +114,21 @@ mod tests {
                 execution_id: "e1".into(),
                 code: None,
                 signal: Some(9),
-                error: None
+                error: None,
+                oom_killed: false,
             }
         );
+        let killed: RunnerMessage = serde_json::from_str(
+            r#"{"type":"exited","executionId":"e1","signal":9,"oomKilled":true}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            killed,
+            RunnerMessage::Exited {
+                oom_killed: true,
+                ..
+            }
+        ));
         let assign = SidecarMessage::Assign {
             execution_id: "e1".into(),
             slot: 2,

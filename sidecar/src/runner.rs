@@ -29,6 +29,8 @@ pub enum ProcessEnd {
     },
     Signalled {
         signal: i32,
+        /// By the kernel's out-of-memory killer, as the runner saw it.
+        oom_killed: bool,
     },
     NotStarted {
         error: String,
@@ -332,10 +334,11 @@ impl RunnerHub {
                     code,
                     signal,
                     error,
+                    oom_killed,
                 })) => {
                     let end = match (error, signal, code) {
                         (Some(error), _, _) => ProcessEnd::NotStarted { error },
-                        (None, Some(signal), _) => ProcessEnd::Signalled { signal },
+                        (None, Some(signal), _) => ProcessEnd::Signalled { signal, oom_killed },
                         (None, None, Some(code)) => ProcessEnd::Exited { code },
                         (None, None, None) => ProcessEnd::NotStarted {
                             error: "the runner reported neither an exit status nor a signal".into(),
@@ -485,9 +488,22 @@ mod tests {
         let rb = hub.assign(b, "b", BTreeMap::new()).unwrap();
         // Completed in reverse order.
         hub.complete(g, "b", ProcessEnd::Exited { code: 3 });
-        hub.complete(g, "a", ProcessEnd::Signalled { signal: 9 });
+        hub.complete(
+            g,
+            "a",
+            ProcessEnd::Signalled {
+                signal: 9,
+                oom_killed: false,
+            },
+        );
         assert_eq!(rb.await.unwrap(), ProcessEnd::Exited { code: 3 });
-        assert_eq!(ra.await.unwrap(), ProcessEnd::Signalled { signal: 9 });
+        assert_eq!(
+            ra.await.unwrap(),
+            ProcessEnd::Signalled {
+                signal: 9,
+                oom_killed: false
+            }
+        );
         // A duplicate is rejected.
         hub.complete(g, "a", ProcessEnd::Exited { code: 0 });
         assert_eq!(hub.metrics.rejected_completions.get(), 1);

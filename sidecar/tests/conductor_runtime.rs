@@ -326,7 +326,7 @@ printf '{"total": 1}' > "$PERAGO_RESULT"
 
 fn executor_exited(reason: &str, task_id: &str) -> bool {
     reason.starts_with("executor process for worker e2e-pod-under-test-")
-        && reason.ends_with(&format!("-0001 exited while running task {task_id}"))
+        && reason.contains(&format!("-0001 exited while running task {task_id}"))
 }
 
 #[tokio::test]
@@ -349,6 +349,10 @@ async fn a_killed_body_fails_the_attempt_with_the_executor_exited_reason() {
     assert!(
         executor_exited(reason, t["taskId"].as_str().unwrap()),
         "{reason}"
+    );
+    assert!(
+        reason.ends_with(": the task body was killed by signal 9 (SIGKILL)"),
+        "the reason says how the body died: {reason}"
     );
 }
 
@@ -375,7 +379,11 @@ async fn a_killed_runner_fails_the_attempt_and_its_slot_returns_with_the_next_ge
     assert_eq!(t["status"], "FAILED");
     let reason = t["reasonForIncompletion"].as_str().unwrap();
     assert!(
-        executor_exited(reason, t["taskId"].as_str().unwrap()),
+        executor_exited(reason, t["taskId"].as_str().unwrap())
+            && reason.ends_with(&format!(
+                "exited while running task {}",
+                t["taskId"].as_str().unwrap()
+            )),
         "{reason}"
     );
     // The local supervisor restarts the runner; the slot serves the new generation.

@@ -95,6 +95,23 @@ enum Event {
 }
 
 /// Runs one connection; returns when it ends.
+/// How many processes of this container the kernel's out-of-memory killer has killed, where
+/// the container's cgroup tells: `memory.events` (cgroup v2) or `memory.oom_control` (v1).
+fn oom_kills() -> Option<u64> {
+    [
+        "/sys/fs/cgroup/memory.events",
+        "/sys/fs/cgroup/memory/memory.oom_control",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .find_map(|text| {
+        text.lines().find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("oom_kill")).then(|| words.next()?.parse().ok())?
+        })
+    })
+}
+
 fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::Result<bool> {
     let writer: Writer = Arc::new(Mutex::new(stream.try_clone()?));
     send(
@@ -192,11 +209,13 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                                 code: None,
                                 signal: None,
                                 error: Some(format!("{}: {e}", args.command[0])),
+                                oom_killed: false,
                             },
                         );
                     }
                     Ok(mut child) => {
                         let pid = i32::try_from(child.id()).unwrap_or(0);
+                        let oom_kills_before = oom_kills();
                         running.insert(execution_id.clone(), pid);
                         let writer = Arc::clone(&writer);
                         let tx = tx.clone();
@@ -214,12 +233,16 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                                     code: status.code(),
                                     signal: status.signal(),
                                     error: None,
+                                    // A SIGKILL while the container's OOM-kill count rose.
+                                    oom_killed: status.signal() == Some(9)
+                                        && oom_kills() > oom_kills_before,
                                 },
                                 Err(e) => RunnerMessage::Exited {
                                     execution_id: execution_id.clone(),
                                     code: None,
                                     signal: None,
                                     error: Some(format!("waiting for the process failed: {e}")),
+                                    oom_killed: false,
                                 },
                             };
                             if let Err(e) = send(&writer, &message) {
