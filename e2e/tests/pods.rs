@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use perago_e2e::cluster::Cluster;
 use perago_e2e::lake::Lake;
-use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::node::{BUSYBOX_BODY_IMAGE, ctr};
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
@@ -35,12 +35,12 @@ fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
     workspace_task_with(namespace, name, script, &json!({}))
 }
 
-/// A workspace task whose body is `sh -c script` on busybox, with `body` merged into its body.
+/// A workspace task whose body is `sh -c script` on busybox, with `spec` merged into its spec.
 fn workspace_task_with(
     namespace: &str,
     name: &str,
     script: &str,
-    body: &serde_json::Value,
+    spec: &serde_json::Value,
 ) -> String {
     let mut task = json!({
         "apiVersion": "perago.io/v1alpha1",
@@ -62,10 +62,27 @@ fn workspace_task_with(
             },
         },
     });
-    for (key, value) in body.as_object().unwrap() {
-        task["spec"]["executor"]["body"][key] = value.clone();
-    }
+    merge(&mut task["spec"], spec);
     serde_json::to_string(&task).unwrap()
+}
+
+/// JSON merge patch (RFC 7386) of `patch` into `target`.
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch.as_object() {
+        Some(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (key, value) in fields {
+                if value.is_null() {
+                    target.as_object_mut().unwrap().remove(key);
+                } else {
+                    merge(&mut target[key], value);
+                }
+            }
+        }
+        None => *target = patch.clone(),
+    }
 }
 
 /// The task's one pod, once it exists.
@@ -518,7 +535,9 @@ async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publish
             namespace,
             name,
             GREEDY_BODY,
-            &json!({"resources": {"requests": {"memory": "48Mi"}, "limits": {"memory": "48Mi"}}}),
+            &json!({"executor": {"body": {"resources": {
+                "requests": {"memory": "48Mi"}, "limits": {"memory": "48Mi"}
+            }}}}),
         ))
         .unwrap();
     cluster
@@ -590,4 +609,126 @@ async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publish
         .unwrap();
     assert_eq!(body.restart_count, 0, "{body:?}");
     eprintln!("OOM-killed attempt reported as: {reason}");
+}
+
+/// The sidecar container killed mid-attempt (SIGKILL through containerd, as a crash would):
+/// the kubelet restarts it, the orphaned attempt times out in Conductor, and the retry the
+/// restarted sidecar takes publishes once, with no staging branch left behind.
+#[tokio::test]
+async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
+    let (services, cluster) = cluster().await;
+    let (namespace, name) = ("pods-sidecar-kill", "orphan");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task_with(
+            namespace,
+            name,
+            SLOW_BODY,
+            &json!({"controls": {"timeout": {"seconds": 60, "responseSeconds": 5}}}),
+        ))
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            &format!("peragotask/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name).await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("pods-sidecar-kill-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = conductor
+        .start(
+            &format!("{namespace}.{name}"),
+            "sidecar-kill",
+            json!({
+                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
+                "params": {"n": 1},
+            }),
+        )
+        .await;
+    wait_for_log(cluster, namespace, &pod_name, "body", "body started").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let sidecar_id = pods
+        .get(&pod_name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .init_container_statuses
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "perago-sidecar")
+        .and_then(|c| c.container_id)
+        .unwrap();
+    let sidecar_id = sidecar_id.trim_start_matches("containerd://");
+    ctr(
+        &services.node().containerd.socket,
+        &["tasks", "kill", "--signal", "SIGKILL", sidecar_id],
+    )
+    .unwrap();
+
+    let finished = conductor.finished(&workflow).await;
+    let tasks = finished["tasks"].as_array().unwrap();
+    let statuses: Vec<&str> = tasks
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses.last(),
+        Some(&"COMPLETED"),
+        "{statuses:?}: {finished}"
+    );
+    assert!(
+        statuses.len() >= 2
+            && statuses[..statuses.len() - 1]
+                .iter()
+                .all(|s| *s != "COMPLETED"),
+        "the killed attempt did not complete: {statuses:?}"
+    );
+    eprintln!(
+        "sidecar killed mid-attempt: attempts {statuses:?}, first reason {}",
+        tasks[0]["reasonForIncompletion"]
+    );
+    let last = tasks.last().unwrap();
+    let head = last["outputData"]["workspace"]["ref"].as_str().unwrap();
+    let commit = lake
+        .get(&format!("/repositories/{repository}/commits/{head}"))
+        .await
+        .unwrap();
+    assert_eq!(commit["parents"], json!([input_ref]), "published once");
+    let branches = lake
+        .get(&format!("/repositories/{repository}/branches"))
+        .await
+        .unwrap();
+    assert_eq!(
+        branches["results"].as_array().unwrap().len(),
+        1,
+        "no staging branch left: {branches}"
+    );
+    let sidecar = pods
+        .get(&pod_name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .init_container_statuses
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "perago-sidecar")
+        .unwrap();
+    assert_eq!(
+        sidecar.restart_count, 1,
+        "the kubelet restarted the sidecar: {sidecar:?}"
+    );
 }
