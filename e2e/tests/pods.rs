@@ -732,3 +732,93 @@ async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
         "the kubelet restarted the sidecar: {sidecar:?}"
     );
 }
+
+/// The PeragoTask's `Ready` condition once its reason is one of `reasons`.
+async fn ready_condition(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    reasons: &[&str],
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let tasks: Api<perago_api::PeragoTask> = Api::namespaced(client.clone(), namespace);
+    let mut last = None;
+    for _ in 0..900 {
+        let task = tasks.get(name).await.unwrap();
+        last = task
+            .status
+            .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready"));
+        if let Some(c) = &last
+            && reasons.contains(&c.reason.as_str())
+        {
+            return c.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{namespace}/{name}: Ready never had a reason among {reasons:?}; last {last:?}");
+}
+
+/// Executor pods that cannot start (image missing, sidecar crash-looping on bad settings,
+/// unschedulable) show in the PeragoTask's status and events with the pod's own reason.
+#[tokio::test]
+async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
+    let (services, cluster) = cluster().await;
+    let namespace = "pods-failing";
+    cluster.task_namespace(namespace).unwrap();
+    // A lakeFS Secret whose keys are empty: the sidecar refuses to start without them.
+    cluster
+        .apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: empty-lakefs\n  namespace: {namespace}\n\
+             stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: \"\"\n  LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: \"\"\n"
+        ))
+        .unwrap();
+    let cases: [(&str, serde_json::Value, &[&str], &str); 3] = [
+        (
+            "missing-image",
+            json!({"executor": {"body": {"image": "localhost/perago/absent:e2e"}}}),
+            &["ErrImagePull", "ImagePullBackOff"],
+            "container body: ",
+        ),
+        (
+            "bad-settings",
+            json!({"lakefs": {"credentialsSecret": "empty-lakefs"}}),
+            &["CrashLoopBackOff"],
+            "LakeFS config is incomplete",
+        ),
+        (
+            "unschedulable",
+            json!({"executor": {"body": {"resources": {"requests": {"cpu": "64"}}}}}),
+            &["Unschedulable"],
+            "Insufficient cpu",
+        ),
+    ];
+    for (name, spec, _, _) in &cases {
+        cluster
+            .apply(&workspace_task_with(namespace, name, PUBLISH_BODY, spec))
+            .unwrap();
+    }
+    let client = services.kube().client().await.unwrap();
+    for (name, _, reasons, text) in &cases {
+        let ready = ready_condition(&client, namespace, name, reasons).await;
+        assert_eq!(ready.status, "False", "{name}: {ready:?}");
+        assert!(ready.message.contains(text), "{name}: {}", ready.message);
+        let events = cluster
+            .kubectl(&[
+                "get",
+                "events",
+                "-n",
+                namespace,
+                "--field-selector",
+                &format!(
+                    "involvedObject.kind=PeragoTask,involvedObject.name={name},reason=ExecutorPodFailing"
+                ),
+                "-o",
+                "jsonpath={.items[*].message}",
+            ])
+            .unwrap();
+        assert!(
+            events.contains(text),
+            "{name}: no ExecutorPodFailing event saying {text:?}: {events:?}"
+        );
+        eprintln!("{name}: Ready=False {}: {}", ready.reason, ready.message);
+    }
+}

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -350,18 +350,69 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let rolled_out = ds.observed_generation >= applied.metadata.generation
         && ds.updated_replicas.unwrap_or(0) >= replicas
         && ready_replicas >= replicas;
-    let (ready_reason, ready_message) = if rolled_out {
-        (
-            "Available",
-            format!("TaskDef registered; {ready_replicas}/{replicas} executor pods ready"),
-        )
+    // Not there yet: is a pod stuck (image, crash loop, scheduling), and has the Deployment
+    // given up (its progress deadline passed)?
+    let problem = if rolled_out {
+        None
     } else {
-        (
-            "RollingOut",
+        let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        crate::pods::problem(&pods.items)
+    };
+    let deadline_passed = ds.conditions.iter().flatten().find(|c| {
+        c.type_ == "Progressing"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+    });
+    let (ready_reason, ready_message) = match (&problem, rolled_out) {
+        (_, true) => (
+            "Available".to_owned(),
+            format!("TaskDef registered; {ready_replicas}/{replicas} executor pods ready"),
+        ),
+        (Some(p), false) => (
+            p.reason.clone(),
+            format!(
+                "TaskDef registered; executor pods not ready ({ready_replicas}/{replicas}): {}",
+                p.message
+            ),
+        ),
+        (None, false) => (
+            "RollingOut".to_owned(),
             format!(
                 "TaskDef registered; waiting for executor pods ({ready_replicas}/{replicas} ready)"
             ),
-        )
+        ),
+    };
+    if let Some(p) = &problem {
+        let reported = old
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.message.ends_with(&p.message));
+        if !reported {
+            warn!(task = %task.name_any(), problem = %p.message, "executor pods are not starting");
+            publish_event(
+                ctx,
+                &task,
+                EventType::Warning,
+                "ExecutorPodFailing",
+                p.message.clone(),
+            )
+            .await;
+        }
+    }
+    let stalled = match deadline_passed {
+        Some(c) => condition(
+            "Stalled",
+            true,
+            "ProgressDeadlineExceeded",
+            &problem.as_ref().map_or_else(
+                || c.message.clone().unwrap_or_default(),
+                |p| p.message.clone(),
+            ),
+            generation,
+        ),
+        None => condition("Stalled", false, "Valid", "", generation),
     };
     let status = PeragoTaskStatus {
         observed_generation: generation,
@@ -371,18 +422,18 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
                 condition(
                     "Ready",
                     rolled_out,
-                    ready_reason,
+                    &ready_reason,
                     &ready_message,
                     generation,
                 ),
                 condition(
                     "Reconciling",
-                    !rolled_out,
-                    ready_reason,
+                    !rolled_out && deadline_passed.is_none(),
+                    &ready_reason,
                     if rolled_out { "" } else { &ready_message },
                     generation,
                 ),
-                condition("Stalled", false, "Valid", "", generation),
+                stalled,
             ],
         ),
         replicas: Some(replicas),

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod cli;
 mod conductor;
 mod controller;
+mod pods;
 mod reference;
 mod render;
 mod telemetry;

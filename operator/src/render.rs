@@ -269,6 +269,7 @@ pub fn deployment(
     let install = Container {
         name: "install-runner".into(),
         image: Some(sidecar_image.clone()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         args: Some(vec![
             "install-runner".into(),
             "--to".into(),
@@ -292,6 +293,9 @@ pub fn deployment(
         args: Some(vec!["run".into()]),
         // A native sidecar: started before the body, stopped after it.
         restart_policy: Some("Always".into()),
+        // A sidecar that exits on bad settings says why in its log: that tail becomes the
+        // container's termination message, which the PeragoTask's status then quotes.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         env: Some(sidecar_env),
         ports: Some(vec![ContainerPort {
             name: Some("metrics".into()),
