@@ -23,7 +23,11 @@ async fn cluster() -> (&'static Services, &'static Cluster) {
     let cluster = OPERATOR
         .get_or_init(|| async {
             let cluster = Cluster::new(services).unwrap();
-            let took = cluster.install_operator(&[]).unwrap();
+            // A 10 s resync bounds how long a task scaled to zero waits for the operator to
+            // see its queue (the chart's default is 60 s).
+            let took = cluster
+                .install_operator(&["--set", "resyncSeconds=10"])
+                .unwrap();
             eprintln!("operator installed by helm and available in {took:.1?}");
             cluster
         })
@@ -821,4 +825,112 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
         );
         eprintln!("{name}: Ready=False {}: {}", ready.reason, ready.message);
     }
+}
+
+/// Autoscaling with real pods: a task at zero replicas gets pods when work is queued, the
+/// queued attempts complete, and the pods go away after the window.
+#[tokio::test]
+async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
+    let (services, cluster) = cluster().await;
+    let (namespace, name) = ("pods-autoscale", "burst");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task_with(
+            namespace,
+            name,
+            "sleep 2; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
+            &json!({
+                "workspace": {"readOnly": true},
+                "executor": {"autoscaling": {
+                    "minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1,
+                    "scaleDownStabilizationSeconds": 5,
+                }},
+            }),
+        ))
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            &format!("peragotask/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("perago.io/task={name}");
+    let count = || async {
+        pods.list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .len()
+    };
+    assert_eq!(count().await, 0, "scaled to zero while idle");
+
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("pods-autoscale-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let started = std::time::Instant::now();
+    let mut workflows = Vec::new();
+    for i in 0..3 {
+        workflows.push(
+            conductor
+                .start(
+                    &format!("{namespace}.{name}"),
+                    &format!("burst-{i}"),
+                    json!({
+                        "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
+                        "params": {"n": i},
+                    }),
+                )
+                .await,
+        );
+    }
+    let mut first = None;
+    for id in &workflows {
+        let finished = conductor.finished(id).await;
+        assert_eq!(finished["status"], "COMPLETED", "{finished}");
+        first.get_or_insert(started.elapsed());
+    }
+    let all = started.elapsed();
+    let scaled = cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=Scaled"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap();
+    assert!(
+        scaled.contains("0 → 2"),
+        "no scale-up from zero to 2: {scaled:?}"
+    );
+
+    let back = std::time::Instant::now();
+    let mut left = count().await;
+    while left > 0 {
+        assert!(
+            back.elapsed() < Duration::from_secs(120),
+            "{left} pods still run"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        left = count().await;
+    }
+    eprintln!(
+        "autoscaling from zero: first workflow COMPLETED {:.1?} after it started, all 3 in {all:.1?}; \
+         back to zero pods {:.1?} later (window 5 s, resync 10 s)",
+        first.unwrap_or_default(),
+        back.elapsed()
+    );
 }

@@ -123,11 +123,17 @@ async fn publish_event(
     reason: &str,
     note: String,
 ) {
+    // kube-runtime folds events with the same type, reason and action into one series that
+    // keeps the first note: a later `Scaled 0 → 2` would show as the earlier `1 → 0`. An
+    // action per distinct note keeps each message and still folds true repeats.
+    let note: String = note.chars().take(1000).collect();
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&note, &mut hasher);
     let event = Event {
         type_,
         reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
+        action: format!("Reconcile-{:016x}", std::hash::Hasher::finish(&hasher)),
+        note: Some(note),
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&event, &task.object_ref(&())).await {
