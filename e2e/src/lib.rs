@@ -29,6 +29,25 @@ pub async fn shared(selection: Selection) -> &'static Services {
         .unwrap_or_else(|e| panic!("starting the real servers failed: {e:#}"))
 }
 
+/// Whether a developer opted out of the node's tests on this machine (`PERAGO_E2E_SKIP_NODE=1`,
+/// e.g. without root). Prints one line naming the skipped test. CI never sets it: a host that
+/// cannot run the node fails those tests with the component's own error instead.
+pub fn node_opted_out(test: &str) -> bool {
+    let opted_out = std::env::var_os("PERAGO_E2E_SKIP_NODE").is_some_and(|v| !v.is_empty());
+    if opted_out {
+        // Straight to the file descriptor: the test harness captures `eprintln!` of passing
+        // tests, and a skip must be seen.
+        let line = format!(
+            "SKIPPED {test}: it needs the single-node cluster and PERAGO_E2E_SKIP_NODE is set\n"
+        );
+        match std::fs::OpenOptions::new().append(true).open("/dev/stderr") {
+            Ok(mut stderr) => drop(std::io::Write::write_all(&mut stderr, line.as_bytes())),
+            Err(_) => eprint!("{line}"),
+        }
+    }
+    opted_out
+}
+
 /// The documents of a multi-document YAML stream (empty ones skipped), as `kubectl`, `helm
 /// template` and `perago-operator render` print them.
 pub fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {

@@ -114,6 +114,9 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 
 #[test]
 fn a_killed_owner_leaves_nothing_of_the_node_behind() {
+    if perago_e2e::node_opted_out("a_killed_owner_leaves_nothing_of_the_node_behind") {
+        return;
+    }
     let before = machine_state();
     let scratch = tempfile::tempdir().unwrap();
     let env_file = scratch.path().join("env");

@@ -17,8 +17,12 @@ use tokio::sync::OnceCell;
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 
-/// The node, with the operator installed from the chart (once per test binary).
-async fn cluster() -> (&'static Services, &'static Cluster) {
+/// The node, with the operator installed from the chart (once per test binary); `None` when
+/// the developer opted out of the node's tests.
+async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
+    if perago_e2e::node_opted_out(test) {
+        return None;
+    }
     let services = shared(Selection::ALL).await;
     let cluster = OPERATOR
         .get_or_init(|| async {
@@ -32,7 +36,7 @@ async fn cluster() -> (&'static Services, &'static Cluster) {
             cluster
         })
         .await;
-    (services, cluster)
+    Some((services, cluster))
 }
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
@@ -121,7 +125,11 @@ printf '{"files": %d}' "$n" > "$PERAGO_RESULT"
 
 #[tokio::test]
 async fn a_workspace_step_is_published_by_a_real_executor_pod() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("a_workspace_step_is_published_by_a_real_executor_pod").await
+    else {
+        return;
+    };
     let (namespace, name) = ("pods-publish", "publish");
     cluster.task_namespace(namespace).unwrap();
     cluster
@@ -325,6 +333,25 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
     for reason in ["Scheduled", "Started"] {
         assert!(events.contains(reason), "no {reason} event:\n{events}");
     }
+    // Both namespaces enforce Pod Security `restricted`, which admitted the operator's and the
+    // executor's pods: a pod that breaks it is refused there.
+    for ns in [namespace, perago_e2e::cluster::OPERATOR_NAMESPACE] {
+        let refused = cluster.kubectl(&[
+            "run",
+            "privileged",
+            "-n",
+            ns,
+            "--image",
+            BUSYBOX_BODY_IMAGE,
+            "--privileged",
+            "--restart=Never",
+        ]);
+        let error = format!("{:#}", refused.unwrap_err());
+        assert!(
+            error.contains("violates PodSecurity \"restricted:latest\""),
+            "{ns}: {error}"
+        );
+    }
     let operator_logs = cluster.operator_logs().unwrap();
     assert!(
         !operator_logs.to_lowercase().contains("forbidden"),
@@ -378,7 +405,11 @@ echo "body finished $PERAGO_EXECUTION_ID"
 /// publishes and reports it, and only then exits, within the grace period the operator set.
 #[tokio::test]
 async fn a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits").await
+    else {
+        return;
+    };
     let (namespace, name) = ("pods-drain", "drain");
     cluster.task_namespace(namespace).unwrap();
     cluster
@@ -531,7 +562,12 @@ printf '{"files": 1}' > "$PERAGO_RESULT"
 /// publishes once.
 #[tokio::test]
 async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publishes_once() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publishes_once")
+            .await
+    else {
+        return;
+    };
     let (namespace, name) = ("pods-oom", "greedy");
     cluster.task_namespace(namespace).unwrap();
     cluster
@@ -620,7 +656,11 @@ async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publish
 /// restarted sidecar takes publishes once, with no staging branch left behind.
 #[tokio::test]
 async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("a_sidecar_killed_mid_attempt_is_retried_and_publishes_once").await
+    else {
+        return;
+    };
     let (namespace, name) = ("pods-sidecar-kill", "orphan");
     cluster.task_namespace(namespace).unwrap();
     cluster
@@ -765,7 +805,11 @@ async fn ready_condition(
 /// unschedulable) show in the PeragoTask's status and events with the pod's own reason.
 #[tokio::test]
 async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("pods_that_cannot_start_show_in_the_task_status_and_events").await
+    else {
+        return;
+    };
     let namespace = "pods-failing";
     cluster.task_namespace(namespace).unwrap();
     // A lakeFS Secret whose keys are empty: the sidecar refuses to start without them.
@@ -831,7 +875,11 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
 /// queued attempts complete, and the pods go away after the window.
 #[tokio::test]
 async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
-    let (services, cluster) = cluster().await;
+    let Some((services, cluster)) =
+        cluster("an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero").await
+    else {
+        return;
+    };
     let (namespace, name) = ("pods-autoscale", "burst");
     cluster.task_namespace(namespace).unwrap();
     cluster
