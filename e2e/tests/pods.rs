@@ -982,3 +982,67 @@ async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
         back.elapsed()
     );
 }
+
+/// Flux's own status library (kstatus, from sigs.k8s.io/cli-utils) reads a Ready PeragoTask as
+/// Current, one whose pods are still coming as InProgress and an invalid one as Failed.
+#[tokio::test]
+async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
+    let Some((services, cluster)) =
+        cluster("flux_kstatus_reads_ready_rolling_out_and_invalid_tasks").await
+    else {
+        return;
+    };
+    let namespace = "pods-kstatus";
+    cluster.task_namespace(namespace).unwrap();
+    let kstatus = perago_e2e::process::obtain("kstatus").unwrap();
+    let verdict = |name: &str| {
+        let object = cluster
+            .kubectl(&["get", "-n", namespace, "peragotask", name, "-o", "json"])
+            .unwrap();
+        let mut child = std::process::Command::new(&kstatus)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), object.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kstatus failed on {name}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let cases = [
+        ("ready", json!({}), "Current"),
+        (
+            "rolling-out",
+            json!({"executor": {"body": {"image": "localhost/perago/absent:e2e"}}}),
+            "InProgress",
+        ),
+        (
+            "invalid",
+            json!({"workspace": {"pre": [{"kind": "requireFile", "path": "../outside"}]}}),
+            "Failed",
+        ),
+    ];
+    for (name, spec, _) in &cases {
+        cluster
+            .apply(&workspace_task_with(namespace, name, PUBLISH_BODY, spec))
+            .unwrap();
+    }
+    let client = services.kube().client().await.unwrap();
+    ready_condition(&client, namespace, "ready", &["Available"]).await;
+    ready_condition(
+        &client,
+        namespace,
+        "rolling-out",
+        &["ErrImagePull", "ImagePullBackOff"],
+    )
+    .await;
+    ready_condition(&client, namespace, "invalid", &["InvalidSpec"]).await;
+    for (name, _, expected) in &cases {
+        let line = verdict(name);
+        assert!(
+            line.starts_with(&format!("{expected} ")),
+            "{name}: kstatus says {line}"
+        );
+        eprintln!("kstatus {name}: {}", line.trim());
+    }
+}
