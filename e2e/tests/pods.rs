@@ -1046,3 +1046,67 @@ async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
         eprintln!("kstatus {name}: {}", line.trim());
     }
 }
+
+/// A body image with no shell and nothing of ours: a static program in a compiled language.
+/// The init container's static runner starts it, and its workspace is published.
+#[tokio::test]
+async fn a_compiled_body_in_an_image_without_a_shell_is_published() {
+    let Some((services, cluster)) =
+        cluster("a_compiled_body_in_an_image_without_a_shell_is_published").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-compiled", "compiled");
+    cluster.task_namespace(namespace).unwrap();
+    let mut task: serde_json::Value =
+        serde_json::from_str(&workspace_task_with(namespace, name, "", &json!({}))).unwrap();
+    task["spec"]["resultSchema"] = json!({
+        "type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"],
+    });
+    task["spec"]["executor"]["body"] = json!({
+        "image": perago_e2e::node::COMPILED_BODY_IMAGE,
+        "command": ["/usr/local/bin/perago-body-compiled"],
+    });
+    cluster.apply(&task.to_string()).unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            &format!("peragotask/{name}"),
+            "--timeout=120s",
+        ])
+        .unwrap();
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("pods-compiled-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = conductor
+        .start(
+            &format!("{namespace}.{name}"),
+            "compiled",
+            json!({
+                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
+                "params": {"n": 1},
+            }),
+        )
+        .await;
+    let finished = conductor.finished(&workflow).await;
+    let step = &finished["tasks"][0];
+    assert_eq!(step["status"], "COMPLETED", "{step}");
+    assert_eq!(
+        step["outputData"]["result"],
+        json!({"greeting": "hello from a compiled body"})
+    );
+    let head = step["outputData"]["workspace"]["ref"].as_str().unwrap();
+    assert_eq!(
+        lake.object(&repository, head, "data/compiled/hello.txt")
+            .await
+            .unwrap(),
+        "hello\n"
+    );
+}
