@@ -97,6 +97,18 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `kubectl wait` until the PeragoTask is Ready (two minutes at most).
+    pub fn wait_ready(&self, namespace: &str, name: &str) -> Result<String> {
+        self.kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            &format!("peragotask/{name}"),
+            "--timeout=120s",
+        ])
+    }
+
     /// A namespace enforcing Pod Security `restricted`, as production namespaces should.
     pub fn restricted_namespace(&self, name: &str) -> Result<()> {
         self.apply(&format!(

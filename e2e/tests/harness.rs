@@ -4,48 +4,24 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
-fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    None
-}
+use support::wait_for;
+
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_killed_owner_leaves_no_server_and_no_state_directory() {
-    let scratch = tempfile::tempdir().unwrap();
-    let env_file = scratch.path().join("env");
-    let log = scratch.path().join("up.log");
-    let mut up = Command::new(env!("CARGO_BIN_EXE_perago-e2e"))
-        .args(["up", "--services", "lakefs", "--env-file"])
-        .arg(&env_file)
-        .env_remove("PERAGO_E2E_KEEP")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-
-    let state: PathBuf = wait_for(Duration::from_secs(120), || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let rest = text.split("(state in ").nth(1)?;
-        Some(PathBuf::from(rest.split(')').next()?))
-    })
-    .unwrap_or_else(|| {
-        let _ = up.kill();
-        panic!(
-            "perago-e2e up did not start lakeFS:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
-    let env = std::fs::read_to_string(&env_file).unwrap();
+    let support::Up {
+        child: mut up,
+        state,
+        env,
+        ..
+    } = support::up(
+        env!("CARGO_BIN_EXE_perago-e2e"),
+        "lakefs",
+        Duration::from_secs(120),
+    );
     let endpoint = env
         .lines()
         .find_map(|l| l.strip_prefix("export LAKECTL_SERVER_ENDPOINT_URL="))

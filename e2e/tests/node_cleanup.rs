@@ -4,24 +4,17 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
+use support::wait_for;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::process::{obtain, stdout_of};
-
-fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    None
-}
 
 /// What a node changes on the machine, as a comparable snapshot.
 #[derive(Debug, PartialEq, Eq)]
@@ -118,29 +111,15 @@ fn a_killed_owner_leaves_nothing_of_the_node_behind() {
         return;
     }
     let before = machine_state();
-    let scratch = tempfile::tempdir().unwrap();
-    let env_file = scratch.path().join("env");
-    let log = scratch.path().join("up.log");
-    let mut up = Command::new(env!("CARGO_BIN_EXE_perago-e2e"))
-        .args(["up", "--services", "node", "--env-file"])
-        .arg(&env_file)
-        .env_remove("PERAGO_E2E_KEEP")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let state: PathBuf = wait_for(Duration::from_secs(300), || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let rest = text.split("(state in ").nth(1)?;
-        Some(PathBuf::from(rest.split(')').next()?))
-    })
-    .unwrap_or_else(|| {
-        let _ = up.kill();
-        panic!(
-            "perago-e2e up did not start the node:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        )
-    });
+    let support::Up {
+        child: mut up,
+        state,
+        ..
+    } = support::up(
+        env!("CARGO_BIN_EXE_perago-e2e"),
+        "node",
+        Duration::from_secs(300),
+    );
     let kubeconfig = state.join("kube/kubeconfig");
     let kubectl = obtain("kubectl").unwrap();
     let kubectl = |args: &[&str]| {

@@ -93,6 +93,40 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
     }
 }
 
+/// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
+/// repository's name and the seed commit.
+async fn seeded(services: &Services, prefix: &str) -> (Lake, String, String) {
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repository = format!("{prefix}-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    (lake, repository, input_ref)
+}
+
+/// Start a one-step workflow of the task `<namespace>.<name>` on `reference`, with params `n`.
+async fn start_step(
+    conductor: &ConductorApi,
+    namespace: &str,
+    name: &str,
+    case: &str,
+    repository: &str,
+    reference: &str,
+    n: i64,
+) -> String {
+    conductor
+        .start(
+            &format!("{namespace}.{name}"),
+            case,
+            json!({
+                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": reference},
+                "params": {"n": n},
+            }),
+        )
+        .await
+}
+
 /// The task's one pod, once it exists.
 async fn task_pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -135,14 +169,7 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
     cluster
         .apply(&workspace_task(namespace, name, PUBLISH_BODY))
         .unwrap();
-    let ready = cluster.kubectl(&[
-        "wait",
-        "-n",
-        namespace,
-        "--for=condition=Ready",
-        &format!("peragotask/{name}"),
-        "--timeout=120s",
-    ]);
+    let ready = cluster.wait_ready(namespace, name);
     let client = services.kube().client().await.unwrap();
     let pod = task_pod(&client, namespace, name).await;
     let pod_name = pod.metadata.name.clone().unwrap();
@@ -163,16 +190,16 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
         .await
         .unwrap();
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let workflow = conductor
-        .start(
-            &format!("{namespace}.{name}"),
-            "real-pod",
-            json!({
-                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
-                "params": {"n": 3},
-            }),
-        )
-        .await;
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "real-pod",
+        &repository,
+        &input_ref,
+        3,
+    )
+    .await;
     let finished = conductor.finished(&workflow).await;
     let step = &finished["tasks"][0];
     let logs = |container: &str| {
@@ -417,25 +444,11 @@ async fn a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits() {
         .unwrap();
     let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let lake = Lake::new(&services.lakefs().endpoint);
-    let repository = format!("pods-drain-{}", std::process::id());
-    let mut head = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
+    let (lake, repository, mut head) = seeded(services, "pods-drain").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
 
     for (case, stop) in [("scale-in", "scale"), ("rollout", "patch")] {
-        cluster
-            .kubectl(&[
-                "wait",
-                "-n",
-                namespace,
-                "--for=condition=Ready",
-                &format!("peragotask/{name}"),
-                "--timeout=120s",
-            ])
-            .unwrap();
+        cluster.wait_ready(namespace, name).unwrap();
         let pod = task_pod(&client, namespace, name).await;
         let pod_name = pod.metadata.name.clone().unwrap();
         let grace = pod
@@ -444,16 +457,7 @@ async fn a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits() {
             .unwrap()
             .termination_grace_period_seconds
             .unwrap();
-        let workflow = conductor
-            .start(
-                &format!("{namespace}.{name}"),
-                case,
-                json!({
-                    "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": head},
-                    "params": {"n": 1},
-                }),
-            )
-            .await;
+        let workflow = start_step(&conductor, namespace, name, case, &repository, &head, 1).await;
         wait_for_log(cluster, namespace, &pod_name, "body", "body started").await;
         let told = std::time::SystemTime::now();
         match stop {
@@ -580,33 +584,19 @@ async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publish
             }}}}),
         ))
         .unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            &format!("peragotask/{name}"),
-            "--timeout=120s",
-        ])
-        .unwrap();
-    let lake = Lake::new(&services.lakefs().endpoint);
-    let repository = format!("pods-oom-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (lake, repository, input_ref) = seeded(services, "pods-oom").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let workflow = conductor
-        .start(
-            &format!("{namespace}.{name}"),
-            "oom",
-            json!({
-                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
-                "params": {"n": 1},
-            }),
-        )
-        .await;
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "oom",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
     let finished = conductor.finished(&workflow).await;
     let tasks = finished["tasks"].as_array().unwrap();
     let statuses: Vec<&str> = tasks
@@ -671,36 +661,22 @@ async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
             &json!({"controls": {"timeout": {"seconds": 60, "responseSeconds": 5}}}),
         ))
         .unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            &format!("peragotask/{name}"),
-            "--timeout=120s",
-        ])
-        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
     let client = services.kube().client().await.unwrap();
     let pod = task_pod(&client, namespace, name).await;
     let pod_name = pod.metadata.name.clone().unwrap();
-    let lake = Lake::new(&services.lakefs().endpoint);
-    let repository = format!("pods-sidecar-kill-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
+    let (lake, repository, input_ref) = seeded(services, "pods-sidecar-kill").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let workflow = conductor
-        .start(
-            &format!("{namespace}.{name}"),
-            "sidecar-kill",
-            json!({
-                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
-                "params": {"n": 1},
-            }),
-        )
-        .await;
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "sidecar-kill",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
     wait_for_log(cluster, namespace, &pod_name, "body", "body started").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let sidecar_id = pods
@@ -896,16 +872,7 @@ async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
             }),
         ))
         .unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            &format!("peragotask/{name}"),
-            "--timeout=120s",
-        ])
-        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
     let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let selector = format!("perago.io/task={name}");
@@ -918,27 +885,23 @@ async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
     };
     assert_eq!(count().await, 0, "scaled to zero while idle");
 
-    let lake = Lake::new(&services.lakefs().endpoint);
-    let repository = format!("pods-autoscale-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
+    let (_, repository, input_ref) = seeded(services, "pods-autoscale").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let started = std::time::Instant::now();
     let mut workflows = Vec::new();
     for i in 0..3 {
+        let case = format!("burst-{i}");
         workflows.push(
-            conductor
-                .start(
-                    &format!("{namespace}.{name}"),
-                    &format!("burst-{i}"),
-                    json!({
-                        "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
-                        "params": {"n": i},
-                    }),
-                )
-                .await,
+            start_step(
+                &conductor,
+                namespace,
+                name,
+                &case,
+                &repository,
+                &input_ref,
+                i,
+            )
+            .await,
         );
     }
     let mut first = None;
@@ -1068,33 +1031,19 @@ async fn a_compiled_body_in_an_image_without_a_shell_is_published() {
         "command": ["/usr/local/bin/perago-body-compiled"],
     });
     cluster.apply(&task.to_string()).unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            &format!("peragotask/{name}"),
-            "--timeout=120s",
-        ])
-        .unwrap();
-    let lake = Lake::new(&services.lakefs().endpoint);
-    let repository = format!("pods-compiled-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (lake, repository, input_ref) = seeded(services, "pods-compiled").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let workflow = conductor
-        .start(
-            &format!("{namespace}.{name}"),
-            "compiled",
-            json!({
-                "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
-                "params": {"n": 1},
-            }),
-        )
-        .await;
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "compiled",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
     let finished = conductor.finished(&workflow).await;
     let step = &finished["tasks"][0];
     assert_eq!(step["status"], "COMPLETED", "{step}");
