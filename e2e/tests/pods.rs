@@ -166,10 +166,12 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
     };
     let (namespace, name) = ("pods-publish", "publish");
     cluster.task_namespace(namespace).unwrap();
+    let applied = std::time::Instant::now();
     cluster
         .apply(&workspace_task(namespace, name, PUBLISH_BODY))
         .unwrap();
     let ready = cluster.wait_ready(namespace, name);
+    let took = applied.elapsed();
     let client = services.kube().client().await.unwrap();
     let pod = task_pod(&client, namespace, name).await;
     let pod_name = pod.metadata.name.clone().unwrap();
@@ -190,6 +192,7 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
         .await
         .unwrap();
     let conductor = ConductorApi::new(&services.conductor().api_url);
+    let started = std::time::Instant::now();
     let workflow = start_step(
         &conductor,
         namespace,
@@ -201,6 +204,11 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
     )
     .await;
     let finished = conductor.finished(&workflow).await;
+    eprintln!(
+        "PeragoTask applied → Ready (TaskDef, Deployment, pod scheduled, runner installed, \
+         sidecar started) in {took:.1?}; workflow started → finished in {:.1?}",
+        started.elapsed()
+    );
     let step = &finished["tasks"][0];
     let logs = |container: &str| {
         cluster
