@@ -64,6 +64,11 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The admin kubeconfig of the node.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// `kubectl <args>` in the repository; its standard output.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         self.command(&self.kubectl, args)

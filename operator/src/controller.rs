@@ -241,6 +241,18 @@ async fn conductor_unavailable(
     Error::Conductor(error)
 }
 
+/// Everything checked before acting on a spec, by the reconciler and the admission webhook
+/// alike: the rules (`perago-operator check`'s messages), then rendering the sidecar's contract
+/// and the TaskDef. Ok holds both and the warnings.
+pub fn checked(
+    spec: &perago_api::PeragoTaskSpec,
+) -> Result<(contract::TaskContract, serde_json::Value, Vec<String>), String> {
+    let warnings = validate(spec).map_err(|e| e.to_string())?;
+    let contract = contract::render(spec).map_err(|e| e.to_string())?;
+    let doc = taskdef::render(spec).map_err(|e| e.to_string())?;
+    Ok((contract, doc, warnings))
+}
+
 async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
@@ -249,16 +261,8 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let selector = format!("{TASK_LABEL}={}", task.name_any());
 
     // Invalid: say so, touch nothing else.
-    let invalid = validate(&task.spec)
-        .map_err(|e| e.to_string())
-        .and_then(|_| contract::render(&task.spec).map_err(|e| e.to_string()))
-        .and_then(|c| {
-            taskdef::render(&task.spec)
-                .map(|d| (c, d))
-                .map_err(|e| e.to_string())
-        });
-    let (contract, doc) = match invalid {
-        Ok(v) => v,
+    let (contract, doc) = match checked(&task.spec) {
+        Ok((contract, doc, _)) => (contract, doc),
         Err(message) => {
             let was_stalled = old
                 .conditions

@@ -12,6 +12,7 @@ mod pods;
 mod reference;
 mod render;
 mod telemetry;
+mod webhook;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +25,8 @@ struct Args {
     command: Command,
 }
 
+// Parsed once per process: the size of `Run` does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print the PeragoTask CustomResourceDefinition as YAML.
@@ -59,6 +62,8 @@ enum Command {
         process: ProcessArgs,
         #[command(flatten)]
         auth: ConductorAuthArgs,
+        #[command(flatten)]
+        webhook: WebhookArgs,
     },
     /// Print the sidecar's task contract of the one PeragoTask in a manifest (JSON).
     Contract {
@@ -91,6 +96,88 @@ struct ProcessArgs {
     /// Seconds a leader holds the Lease without renewing it.
     #[arg(long, env = "PERAGO_LEASE_DURATION_SECONDS", default_value_t = 15)]
     lease_duration_seconds: u64,
+}
+
+/// The validating admission webhook (ADR 0008).
+#[derive(clap::Args)]
+struct WebhookArgs {
+    /// Serve the admission webhook over HTTPS here (the chart sets `0.0.0.0:9443`); unset
+    /// disables it.
+    #[arg(long, env = "PERAGO_WEBHOOK_ADDR")]
+    webhook_addr: Option<std::net::SocketAddr>,
+    /// Secret (in the operator's namespace) holding the webhook's certificate.
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_SECRET",
+        default_value = "perago-operator-webhook-tls"
+    )]
+    webhook_secret: String,
+    /// The Service the apiserver calls the webhook through (the certificate's name).
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_SERVICE",
+        default_value = "perago-operator-webhook"
+    )]
+    webhook_service: String,
+    /// The ValidatingWebhookConfiguration whose caBundle the operator keeps.
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_CONFIGURATION",
+        default_value = "perago-operator"
+    )]
+    webhook_configuration: String,
+    /// Make, renew and publish the certificate; false when cert-manager does.
+    #[arg(long, env = "PERAGO_WEBHOOK_MANAGE_CERTIFICATE", default_value_t = true, action = clap::ArgAction::Set)]
+    webhook_manage_certificate: bool,
+}
+
+/// Start the webhook in the background: it serves once its certificate is there (a
+/// cert-manager Secret may come later), and readiness waits for it.
+fn start_webhook(
+    client: &kube::Client,
+    args: WebhookArgs,
+    namespace: &str,
+    metrics: &std::sync::Arc<telemetry::Metrics>,
+) {
+    let Some(addr) = args.webhook_addr else {
+        return;
+    };
+    let settings = webhook::tls::Settings {
+        namespace: namespace.to_owned(),
+        secret: args.webhook_secret,
+        service: args.webhook_service,
+        configuration: args.webhook_configuration,
+        manage: args.webhook_manage_certificate,
+    };
+    let (client, metrics) = (client.clone(), metrics.clone());
+    metrics
+        .webhook_ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    tokio::spawn(async move {
+        let (pem, config) = loop {
+            match webhook::tls::prepare(&client, &settings).await {
+                Ok(ready) => break ready,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the admission webhook cannot serve yet; retrying in 5 s");
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            }
+        };
+        tokio::spawn(webhook::tls::keep_fresh(
+            client,
+            settings,
+            config.clone(),
+            pem,
+        ));
+        let listening = move || {
+            metrics
+                .webhook_ready
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        if let Err(e) = webhook::serve(addr, config, listening).await {
+            tracing::error!(error = %e, %addr, "the admission webhook stopped");
+        }
+    });
 }
 
 /// The operator's own Orkes application key for its Conductor calls (OSS needs none). Pods
@@ -156,6 +243,7 @@ fn run(
     resync: u64,
     process: ProcessArgs,
     credentials: Option<conductor::Credentials>,
+    webhook: WebhookArgs,
 ) -> Result<(), String> {
     let _ = tracing_subscriber::fmt()
         .json()
@@ -165,6 +253,8 @@ fn run(
         ))
         .with_writer(std::io::stderr)
         .try_init();
+    // rustls is built without a default crypto provider: ring, as for the Kubernetes client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if defaults.conductor_url.is_none() {
         return Err("--conductor-url (PERAGO_CONDUCTOR_URL) is required: tasks without spec.conductor.url are registered there".into());
     }
@@ -180,6 +270,7 @@ fn run(
         let client = kube::Client::try_default()
             .await
             .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
+        start_webhook(&client, webhook, &process.lease_namespace, &metrics);
         let conductor = conductor::MetadataClient::new(
             std::time::Duration::from_secs(timeout.max(1)),
             Some(metrics.conductor_calls.clone()),
@@ -249,6 +340,7 @@ fn main() -> ExitCode {
             resync_seconds,
             process,
             auth,
+            webhook,
         } => auth.credentials().and_then(|credentials| {
             run(
                 defaults.defaults(),
@@ -256,6 +348,7 @@ fn main() -> ExitCode {
                 resync_seconds,
                 process,
                 credentials,
+                webhook,
             )
         }),
     };

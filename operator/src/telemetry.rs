@@ -20,6 +20,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// Set once this process leads and runs the controller.
     pub ready: AtomicBool,
+    /// False while the admission webhook (when enabled) does not serve yet.
+    pub webhook_ready: AtomicBool,
 }
 
 impl Metrics {
@@ -62,6 +64,7 @@ impl Metrics {
             conductor_calls,
             leader,
             ready: AtomicBool::new(false),
+            webhook_ready: AtomicBool::new(true),
         })
     }
 
@@ -81,7 +84,7 @@ async fn metrics(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResp
 
 /// Ready means: leading and reconciling, or a healthy standby waiting for the lease.
 async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
-    if m.ready.load(Ordering::Relaxed) {
+    if m.ready.load(Ordering::Relaxed) && m.webhook_ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ok\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n")

@@ -1,0 +1,290 @@
+//! The validating admission webhook on a real cluster: the operator installed by Helm, every
+//! bad declaration of the offline check refused at `kubectl apply` (by the webhook with the
+//! check's message, or earlier by the CRD's own schema), warnings printed, a server-side dry run
+//! refused the same way, the failure policy while no replica serves, and objects stored before
+//! the webhook existed still reconciled to Stalled.
+
+#![allow(clippy::unwrap_used)]
+
+mod cases;
+
+use std::time::{Duration, Instant};
+
+use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
+use perago_e2e::{Selection, shared};
+use serde_yaml::Value;
+
+const NAMESPACE: &str = "admission";
+const DENIED: &str = "admission webhook \"validate.peragotasks.perago.io\" denied the request: ";
+
+fn manifest(doc: &Value) -> String {
+    let mut doc = doc.clone();
+    doc["metadata"]["namespace"] = NAMESPACE.into();
+    serde_yaml::to_string(&doc).unwrap()
+}
+
+/// `kubectl apply` of `doc` (extra args first): Ok(stderr) or Err(stderr).
+fn apply(cluster: &Cluster, extra: &[&str], doc: &Value) -> Result<String, String> {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), manifest(doc)).unwrap();
+    let path = file.path().to_str().unwrap().to_owned();
+    let mut args = vec!["apply", "--server-side"];
+    args.extend(extra);
+    args.extend(["-f", &path]);
+    let out = std::process::Command::new(perago_e2e::process::obtain("kubectl").unwrap())
+        .args(&args)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok(stderr)
+    } else {
+        Err(stderr)
+    }
+}
+
+/// One test: the sections change the operator (scaled to zero) and must not overlap.
+#[tokio::test]
+async fn the_webhook_refuses_what_the_check_refuses() {
+    if perago_e2e::node_opted_out("the_webhook_refuses_what_the_check_refuses") {
+        return;
+    }
+    let services = shared(Selection::ALL).await;
+    let cluster = Cluster::new(services).unwrap();
+    cluster.install_operator(&[]).unwrap();
+    cluster.task_namespace(NAMESPACE).unwrap();
+
+    // Every bad declaration is refused: by the webhook with the check's message, or before it
+    // by the CRD's schema (types, unknown fields, CEL rules, names).
+    let mut by_webhook = Vec::new();
+    let mut by_schema = Vec::new();
+    for (path, value, expected) in cases::bad_declarations() {
+        let mut doc = cases::base();
+        cases::set(&mut doc, path, value);
+        // A server-side dry run (what Argo CD and Flux run before syncing) is refused alike.
+        let dry = apply(&cluster, &["--dry-run=server"], &doc).expect_err(path);
+        let refused = apply(&cluster, &[], &doc).expect_err(path);
+        assert_eq!(
+            dry.contains(DENIED),
+            refused.contains(DENIED),
+            "{path}: {dry} / {refused}"
+        );
+        if refused.contains(DENIED) {
+            assert!(
+                refused.contains(expected),
+                "{path}: the webhook's message is not the check's {expected:?}: {refused}"
+            );
+            by_webhook.push(path);
+        } else {
+            by_schema.push(format!("{path}: {}", refused.trim()));
+        }
+    }
+    eprintln!(
+        "refused by the webhook with the check's message: {}; by the CRD schema first: {}",
+        by_webhook.len(),
+        by_schema.len()
+    );
+    for line in &by_schema {
+        eprintln!("  schema: {line}");
+    }
+    assert!(
+        by_webhook.len() >= 20,
+        "only {by_webhook:?} reached the webhook"
+    );
+
+    // A valid task with warnings is stored and the warnings are printed.
+    let mut doc = cases::base();
+    cases::set(&mut doc, "metadata.name", "warned".into());
+    cases::set(&mut doc, "spec.taskName", "admission.warned".into());
+    cases::set(&mut doc, "spec.workspace.readOnly", true.into());
+    let printed = apply(&cluster, &[], &doc).unwrap();
+    assert!(
+        printed.contains("Warning: WorkspaceSpec(read_only=True) disables workspace publication"),
+        "{printed}"
+    );
+
+    // Renewal: a certificate due for renewal is replaced within a minute, under the same
+    // authority, and the webhook keeps answering.
+    let get = |args: &[&str]| cluster.kubectl(args).unwrap();
+    let secret = [
+        "get",
+        "secret",
+        "-n",
+        OPERATOR_NAMESPACE,
+        "perago-operator-webhook-tls",
+    ];
+    let cert_of = || get(&[&secret[..], &["-o", "jsonpath={.data.tls\\.crt}"]].concat());
+    let bundle_of = || {
+        get(&[
+            "get",
+            "validatingwebhookconfiguration",
+            "perago-operator",
+            "-o",
+            "jsonpath={.webhooks[0].clientConfig.caBundle}",
+        ])
+    };
+    let (cert, bundle) = (cert_of(), bundle_of());
+    assert!(!bundle.is_empty(), "the operator wrote no caBundle");
+    get(&[
+        "annotate",
+        "secret",
+        "-n",
+        OPERATOR_NAMESPACE,
+        "perago-operator-webhook-tls",
+        "perago.io/not-after=0",
+        "--overwrite",
+    ]);
+    let due = Instant::now();
+    while cert_of() == cert {
+        assert!(
+            due.elapsed() < Duration::from_secs(90),
+            "the certificate was not renewed"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!(
+        "webhook certificate renewed {:.0?} after it fell due",
+        due.elapsed()
+    );
+    assert_eq!(bundle_of(), bundle, "renewal changed the caBundle");
+    let mut renewed = cases::base();
+    cases::set(&mut renewed, "metadata.name", "after-renewal".into());
+    cases::set(&mut renewed, "spec.taskName", "admission.renewed".into());
+    cases::set(
+        &mut renewed,
+        "spec.controls.timeout",
+        cases::yaml("{seconds: 300}"),
+    );
+    let refused = apply(&cluster, &[], &renewed).expect_err("an invalid task after renewal");
+    assert!(
+        refused.contains(DENIED) && refused.contains("responseTimeoutSeconds (600)"),
+        "{refused}"
+    );
+
+    // Stored before the webhook existed: the operator still reconciles it to Stalled (its
+    // finalizer update keeps the spec, so the webhook lets it through), and it can be deleted.
+    let configuration = cluster
+        .kubectl(&[
+            "get",
+            "validatingwebhookconfiguration",
+            "perago-operator",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "delete",
+            "validatingwebhookconfiguration",
+            "perago-operator",
+        ])
+        .unwrap();
+    let mut old = cases::base();
+    cases::set(&mut old, "metadata.name", "from-before".into());
+    cases::set(&mut old, "spec.taskName", "admission.before".into());
+    cases::set(&mut old, "spec.controls.retry.count", 7.into());
+    cases::set(&mut old, "spec.workspace.pre.0.path", "../outside".into());
+    apply(&cluster, &[], &old).unwrap();
+    let mut configuration: serde_json::Value = serde_json::from_str(&configuration).unwrap();
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+        "generation",
+    ] {
+        configuration["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove(field);
+    }
+    cluster.apply(&configuration.to_string()).unwrap();
+    let stalled = cluster.kubectl(&[
+        "wait",
+        "-n",
+        NAMESPACE,
+        "--for=condition=Stalled",
+        "peragotask/from-before",
+        "--timeout=60s",
+    ]);
+    assert!(stalled.is_ok(), "{stalled:?}");
+    cases::set(&mut old, "spec.controls.retry.count", 8.into());
+    let refused = apply(&cluster, &[], &old).expect_err("a changed invalid spec");
+    assert!(refused.contains(DENIED), "{refused}");
+    cluster
+        .kubectl(&[
+            "delete",
+            "-n",
+            NAMESPACE,
+            "peragotask",
+            "from-before",
+            "--timeout=60s",
+        ])
+        .unwrap();
+
+    // With no replica serving, the documented failurePolicy (Fail) refuses spec writes.
+    cluster
+        .kubectl(&[
+            "scale",
+            "-n",
+            OPERATOR_NAMESPACE,
+            &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+            "--replicas=0",
+        ])
+        .unwrap();
+    let started = Instant::now();
+    while !cluster
+        .kubectl(&["get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "name"])
+        .unwrap()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "operator pods still there"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut valid = cases::base();
+    cases::set(&mut valid, "metadata.name", "while-down".into());
+    cases::set(&mut valid, "spec.taskName", "admission.down".into());
+    let refused = apply(&cluster, &[], &valid).expect_err("applied with no webhook serving");
+    assert!(
+        refused.contains("failed calling webhook \"validate.peragotasks.perago.io\""),
+        "{refused}"
+    );
+    eprintln!("operator at 0 replicas: {}", refused.trim());
+    cluster
+        .kubectl(&[
+            "scale",
+            "-n",
+            OPERATOR_NAMESPACE,
+            &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+            "--replicas=2",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            OPERATOR_NAMESPACE,
+            &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+            "--timeout=120s",
+        ])
+        .unwrap();
+    // Ready pods reach the Service's endpoints and kube-proxy's rules a moment later.
+    let back = Instant::now();
+    while let Err(e) = apply(&cluster, &[], &valid) {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "still refused: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!(
+        "operator back: the webhook served again {:.1?} after its rollout completed",
+        back.elapsed()
+    );
+}
