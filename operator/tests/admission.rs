@@ -54,6 +54,18 @@ async fn the_webhook_refuses_what_the_check_refuses() {
     let cluster = Cluster::new(services).unwrap();
     cluster.install_operator(&[]).unwrap();
     cluster.task_namespace(NAMESPACE).unwrap();
+    // Both replicas serve, the standby as well as the leader.
+    let logs = cluster.operator_logs().unwrap();
+    let serving: std::collections::BTreeSet<&str> = logs
+        .lines()
+        .filter(|l| l.contains("admission webhook serving"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        serving.len(),
+        2,
+        "replicas serving the webhook: {serving:?}\n{logs}"
+    );
 
     // Every bad declaration is refused: by the webhook with the check's message, or before it
     // by the CRD's schema (types, unknown fields, CEL rules, names).
