@@ -28,7 +28,7 @@ impl ConductorError {
     fn transport(call: &'static str) -> impl FnOnce(reqwest::Error) -> Self {
         move |e| Self::Transport {
             call,
-            detail: perago_api::error_chain(&e),
+            detail: request_error(e),
         }
     }
 
@@ -277,6 +277,13 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// A failed HTTP request's text with its whole cause chain but without the request URL
+/// (reqwest puts the URL, query included, before the cause; in a reason cut to
+/// `PERAGO_FAILURE_REASON_MAX_LENGTH` the cause would be lost). Callers name the call instead.
+pub(crate) fn request_error(e: reqwest::Error) -> String {
+    perago_api::error_chain(&e.without_url())
+}
+
 /// Percent-encode one path segment.
 pub(crate) fn encode(segment: &str) -> String {
     let mut out = String::with_capacity(segment.len());
@@ -293,6 +300,31 @@ pub(crate) fn encode(segment: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn transport_errors_name_the_call_and_the_cause_not_the_url() {
+        // A loopback port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = ConductorClient::new(
+            &format!("http://127.0.0.1:{port}/api"),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
+        let long_id = "t".repeat(600);
+        let err = client.task(&long_id).await.unwrap_err().to_string();
+        assert!(err.starts_with("Conductor get task failed: "), "{err}");
+        assert!(err.contains("Connection refused"), "{err}");
+        assert!(
+            !err.contains("127.0.0.1") && !err.contains(&long_id),
+            "{err}"
+        );
+        assert!(err.len() < 200, "{err}");
+    }
 
     #[test]
     fn path_segments_are_encoded() {

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::attempt::AttemptSnapshot;
 use crate::input::Schemas;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, clip_path};
 use crate::protocol::{env, files};
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
@@ -63,7 +63,7 @@ impl ExecutionDir {
             safe(execution_id)
         ));
         std::fs::create_dir(&path)
-            .map_err(|e| format!("creating {} failed: {e}", path.display()))?;
+            .map_err(|e| format!("creating {} failed: {e}", clip_path(&path)))?;
         let marker = json!({
             "execution_id": execution_id,
             "owner_pid": std::process::id(),
@@ -79,7 +79,7 @@ impl ExecutionDir {
         if let Err(e) = std::fs::write(&marker_path, marker.to_string()) {
             // Cleanup only removes directories that carry the marker: remove this one now.
             let _ = std::fs::remove_dir_all(&path);
-            return Err(format!("writing {} failed: {e}", marker_path.display()));
+            return Err(format!("writing {} failed: {e}", clip_path(&marker_path)));
         }
         Ok(Self { path })
     }
@@ -186,7 +186,7 @@ pub async fn run_body(
         .map_err(|e| Outcome::failed(format!("serialising params failed: {e}")))?;
     tokio::fs::write(&params_path, text)
         .await
-        .map_err(|e| Outcome::failed(format!("writing {} failed: {e}", params_path.display())))?;
+        .map_err(|e| Outcome::failed(format!("writing {} failed: {e}", clip_path(&params_path))))?;
     let mut vars = BTreeMap::new();
     let mut put = |k: &str, v: String| {
         vars.insert(k.to_owned(), v);
@@ -284,7 +284,7 @@ async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, String> {
     match tokio::fs::read(path).await {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("reading {} failed: {e}", path.display())),
+        Err(e) => Err(format!("reading {} failed: {e}", clip_path(path))),
     }
 }
 

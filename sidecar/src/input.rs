@@ -6,8 +6,8 @@
 //! refuse undeclared fields: the contract's schemas say `additionalProperties: false` on every
 //! object that declares properties.
 
-use jsonschema::Validator;
-use jsonschema::error::ValidationErrorKind;
+use jsonschema::error::{TypeKind, ValidationErrorKind};
+use jsonschema::{JsonType, Validator};
 use serde_json::{Map, Value};
 
 use perago_api::contract::TaskContract;
@@ -96,12 +96,15 @@ pub fn accept(
 
 fn check(validator: &Validator, value: &Value, what: &str) -> Result<(), String> {
     let mut problems = Vec::new();
+    // Pydantic stops at a value's first failing constraint: one problem per value.
+    let mut judged = std::collections::HashSet::new();
     for error in validator.iter_errors(value) {
         let path = dotted(what, error.instance_path().as_str());
         match error.kind() {
-            ValidationErrorKind::AdditionalProperties { unexpected } => {
+            ValidationErrorKind::AdditionalProperties { unexpected }
+            | ValidationErrorKind::UnevaluatedProperties { unexpected } => {
                 for key in unexpected {
-                    problems.push(format!("{path}.{key}: Extra inputs are not permitted"));
+                    problems.push(format!("{path}.{key}: {EXTRA}"));
                 }
             }
             ValidationErrorKind::Required { property } => {
@@ -110,13 +113,151 @@ fn check(validator: &Validator, value: &Value, what: &str) -> Result<(), String>
                     .map_or_else(|| property.to_string(), str::to_owned);
                 problems.push(format!("{path}.{name}: Field required"));
             }
-            _ => problems.push(format!("{path}: {error}")),
+            kind => {
+                if !judged.insert(path.clone()) {
+                    continue;
+                }
+                let text = pydantic_text(kind, error.instance())
+                    .unwrap_or_else(|| error.masked_with("Input").to_string());
+                problems.push(format!("{path}: {text}"));
+            }
         }
     }
     if problems.is_empty() {
         Ok(())
     } else {
         Err(format!("invalid {what}: {}", problems.join("; ")))
+    }
+}
+
+const EXTRA: &str = "Extra inputs are not permitted";
+
+/// The Pydantic v2 message (Python Perago 0.6.1 validates with Pydantic) for the common
+/// JSON Schema failures; `None` for the rest, which keep the validator's own text with the
+/// value left out (`Input is not valid under any of the schemas listed in the 'anyOf'
+/// keyword`).
+fn pydantic_text(kind: &ValidationErrorKind, instance: &Value) -> Option<String> {
+    let text = match kind {
+        ValidationErrorKind::Type { kind } => {
+            let single = match kind {
+                TypeKind::Single(t) => *t,
+                // `Optional[X]`: Pydantic reports X's error.
+                TypeKind::Multiple(set) => {
+                    let mut others = set.iter().filter(|t| *t != JsonType::Null);
+                    match (others.next(), others.next()) {
+                        (Some(t), None) => t,
+                        _ => return None,
+                    }
+                }
+            };
+            match single {
+                JsonType::String => "Input should be a valid string".to_owned(),
+                JsonType::Integer if instance.as_f64().is_some_and(|f| f.fract() != 0.0) => {
+                    "Input should be a valid integer, got a number with a fractional part"
+                        .to_owned()
+                }
+                JsonType::Integer => "Input should be a valid integer".to_owned(),
+                JsonType::Number => "Input should be a valid number".to_owned(),
+                JsonType::Boolean => "Input should be a valid boolean".to_owned(),
+                JsonType::Object => "Input should be a valid dictionary".to_owned(),
+                JsonType::Array => "Input should be a valid list".to_owned(),
+                JsonType::Null => "Input should be None".to_owned(),
+            }
+        }
+        ValidationErrorKind::Enum { options } => {
+            let options: Vec<String> = options
+                .as_array()
+                .map(|o| o.iter().map(python_repr).collect())
+                .unwrap_or_else(|| vec![python_repr(options)]);
+            format!("Input should be {}", one_of(&options))
+        }
+        ValidationErrorKind::Constant { expected_value } => {
+            format!("Input should be {}", python_repr(expected_value))
+        }
+        ValidationErrorKind::Minimum { limit } => {
+            format!("Input should be greater than or equal to {limit}")
+        }
+        ValidationErrorKind::Maximum { limit } => {
+            format!("Input should be less than or equal to {limit}")
+        }
+        ValidationErrorKind::ExclusiveMinimum { limit } => {
+            format!("Input should be greater than {limit}")
+        }
+        ValidationErrorKind::ExclusiveMaximum { limit } => {
+            format!("Input should be less than {limit}")
+        }
+        ValidationErrorKind::MultipleOf { multiple_of } => {
+            format!("Input should be a multiple of {multiple_of}")
+        }
+        ValidationErrorKind::MinLength { limit } => {
+            format!(
+                "String should have at least {}",
+                counted(*limit, "character")
+            )
+        }
+        ValidationErrorKind::MaxLength { limit } => {
+            format!(
+                "String should have at most {}",
+                counted(*limit, "character")
+            )
+        }
+        ValidationErrorKind::Pattern { pattern } => {
+            format!("String should match pattern '{pattern}'")
+        }
+        ValidationErrorKind::MinItems { limit } => format!(
+            "List should have at least {} after validation, not {}",
+            counted(*limit, "item"),
+            instance.as_array().map_or(0, Vec::len)
+        ),
+        ValidationErrorKind::MaxItems { limit } => format!(
+            "List should have at most {} after validation, not {}",
+            counted(*limit, "item"),
+            instance.as_array().map_or(0, Vec::len)
+        ),
+        ValidationErrorKind::MinProperties { limit } => format!(
+            "Dictionary should have at least {} after validation, not {}",
+            counted(*limit, "item"),
+            instance.as_object().map_or(0, Map::len)
+        ),
+        ValidationErrorKind::MaxProperties { limit } => format!(
+            "Dictionary should have at most {} after validation, not {}",
+            counted(*limit, "item"),
+            instance.as_object().map_or(0, Map::len)
+        ),
+        _ => return None,
+    };
+    Some(text)
+}
+
+/// `1 item`, `2 items` (Pydantic's plural rule).
+fn counted(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("{n} {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// `'a'`, `'a' or 'b'`, `'a', 'b' or 'c'` (Pydantic's literal and enum lists).
+fn one_of(options: &[String]) -> String {
+    match options {
+        [] => String::new(),
+        [only] => only.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// A JSON value as Python's `repr` shows the decoded value: `'text'`, `True`, `None`, `5`.
+fn python_repr(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.contains('\'') && !s.contains('"') => {
+            format!("\"{}\"", s.replace('\\', "\\\\"))
+        }
+        Value::String(s) => format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'")),
+        Value::Bool(true) => "True".to_owned(),
+        Value::Bool(false) => "False".to_owned(),
+        Value::Null => "None".to_owned(),
+        other => other.to_string(),
     }
 }
 
@@ -347,9 +488,158 @@ mod tests {
         let err = s.params(json!({}), true).unwrap_err();
         assert_eq!(err, "invalid params: params.n: Field required");
         let err = s.params(json!({"n": -1}), true).unwrap_err();
-        assert!(
-            err.contains("params.n: -1 is less than the minimum of 0"),
-            "{err}"
+        assert_eq!(
+            err,
+            "invalid params: params.n: Input should be greater than or equal to 0"
+        );
+    }
+
+    /// Every mapped kind gives Pydantic v2's text; others keep the validator's, without the
+    /// value.
+    #[test]
+    fn violations_read_as_pydantic_v2_messages() {
+        let schema = json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "name": {"type": "string", "minLength": 2, "maxLength": 4, "pattern": "^[a-z]+$"},
+                "one": {"type": "string", "minLength": 1},
+                "count": {"type": "integer", "minimum": 0, "maximum": 10},
+                "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1.5},
+                "step": {"type": "integer", "multipleOf": 5},
+                "flag": {"type": "boolean"},
+                "inner": {"type": "object", "minProperties": 1, "maxProperties": 1},
+                "tags": {"type": "array", "minItems": 2, "maxItems": 3},
+                "single": {"type": "array", "minItems": 1},
+                "mode": {"enum": ["fast", "exact", "it's"]},
+                "pair": {"enum": [1, true, null]},
+                "kind": {"const": "commit"},
+                "maybe": {"type": ["integer", "null"]},
+                "either": {"type": ["integer", "string"]},
+                "nothing": {"type": "null"},
+                "any": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                "when": {"type": "string", "format": "date"}
+            }
+        });
+        let contract: TaskContract = serde_json::from_value(json!({
+            "version": 1, "taskName": "t", "strictParams": true, "workspace": null,
+            "paramsSchema": schema, "resultSchema": {"type": "object"}, "slots": 1,
+            "responseTimeoutSeconds": 10, "timeoutSeconds": 0
+        }))
+        .unwrap();
+        let s = Schemas::compile(&contract).unwrap();
+        let one = |field: &str, value: Value| -> String {
+            let mut params = Map::new();
+            params.insert(field.to_owned(), value);
+            s.params(Value::Object(params), true).unwrap_err()
+        };
+        for (field, value, message) in [
+            ("name", json!(5), "Input should be a valid string"),
+            (
+                "name",
+                json!("a"),
+                "String should have at least 2 characters",
+            ),
+            ("one", json!(""), "String should have at least 1 character"),
+            (
+                "name",
+                json!("abcde"),
+                "String should have at most 4 characters",
+            ),
+            (
+                "name",
+                json!("AB"),
+                "String should match pattern '^[a-z]+$'",
+            ),
+            ("count", json!("5"), "Input should be a valid integer"),
+            (
+                "count",
+                json!(1.5),
+                "Input should be a valid integer, got a number with a fractional part",
+            ),
+            (
+                "count",
+                json!(-1),
+                "Input should be greater than or equal to 0",
+            ),
+            (
+                "count",
+                json!(11),
+                "Input should be less than or equal to 10",
+            ),
+            ("ratio", json!("x"), "Input should be a valid number"),
+            ("ratio", json!(0), "Input should be greater than 0"),
+            ("ratio", json!(1.5), "Input should be less than 1.5"),
+            ("step", json!(7), "Input should be a multiple of 5"),
+            ("flag", json!("yes"), "Input should be a valid boolean"),
+            ("inner", json!([]), "Input should be a valid dictionary"),
+            (
+                "inner",
+                json!({}),
+                "Dictionary should have at least 1 item after validation, not 0",
+            ),
+            (
+                "inner",
+                json!({"a": 1, "b": 2}),
+                "Dictionary should have at most 1 item after validation, not 2",
+            ),
+            ("tags", json!("a"), "Input should be a valid list"),
+            (
+                "tags",
+                json!(["a"]),
+                "List should have at least 2 items after validation, not 1",
+            ),
+            (
+                "single",
+                json!([]),
+                "List should have at least 1 item after validation, not 0",
+            ),
+            (
+                "tags",
+                json!([1, 2, 3, 4]),
+                "List should have at most 3 items after validation, not 4",
+            ),
+            (
+                "mode",
+                json!("slow"),
+                "Input should be 'fast', 'exact' or \"it's\"",
+            ),
+            ("pair", json!(2), "Input should be 1, True or None"),
+            ("kind", json!("branch"), "Input should be 'commit'"),
+            ("maybe", json!("x"), "Input should be a valid integer"),
+            ("nothing", json!(1), "Input should be None"),
+            (
+                "either",
+                json!(1.5),
+                "Input is not of types \"integer\", \"string\"",
+            ),
+            (
+                "any",
+                json!(1.5),
+                "Input is not valid under any of the schemas listed in the 'anyOf' keyword",
+            ),
+        ] {
+            assert_eq!(
+                one(field, value.clone()),
+                format!("invalid params: params.{field}: {message}"),
+                "{field} = {value}"
+            );
+        }
+        // One problem per value: the first failing constraint.
+        assert_eq!(
+            one("name", json!("A")),
+            "invalid params: params.name: String should have at least 2 characters"
+        );
+        assert_eq!(
+            one("mode", json!(5)),
+            "invalid params: params.mode: Input should be 'fast', 'exact' or \"it's\""
+        );
+        // Several problems, each with its path, in one reason: fields in schema order, then
+        // the undeclared ones (Pydantic's order).
+        assert_eq!(
+            s.params(json!({"name": 5, "count": 11, "zzz": 1}), true)
+                .unwrap_err(),
+            "invalid params: params.name: Input should be a valid string; params.count: Input should be less than or equal to 10; params.zzz: Extra inputs are not permitted"
         );
     }
 

@@ -1,6 +1,9 @@
 //! The lakeFS calls of the workspace transaction. Every call has a timeout and its errors
-//! name the call, the repository and the ref. Idempotent calls are retried on transient
-//! answers (connection errors, 429, 503, and 500 "locked"); commits and merges never are.
+//! name the call, the repository and the ref, then the cause: never the request URL (its
+//! query can hold a whole object key), and a ref longer than [`REF_MAX`] characters is
+//! shortened, so the cause survives the cut of a failure reason. Idempotent calls are retried
+//! on transient answers (connection errors, 429, 503, and 500 "locked"); commits and merges
+//! never are.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -10,7 +13,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::conductor::encode as segment;
+use crate::conductor::{encode as segment, request_error};
+use crate::outcome::clip;
+
+/// Longest ref (commit id or branch name) an error quotes in full; a commit id (64
+/// characters) always fits, long branch names keep their start and end.
+pub const REF_MAX: usize = 80;
+
+/// Longest non-JSON error body an error quotes (lakeFS's JSON `message` is the cause and is
+/// quoted whole, last).
+const MESSAGE_MAX: usize = 300;
+
+fn quoted_ref(reference: &str) -> String {
+    clip(reference, REF_MAX).into_owned()
+}
 
 #[derive(Debug, Error)]
 pub enum LakeFsError {
@@ -40,6 +56,41 @@ pub enum LakeFsError {
 }
 
 impl LakeFsError {
+    fn transport(call: &'static str, repository: &str, reference: &str, e: reqwest::Error) -> Self {
+        Self::Transport {
+            call,
+            repository: repository.to_owned(),
+            reference: quoted_ref(reference),
+            timeout: e.is_timeout(),
+            detail: request_error(e),
+        }
+    }
+
+    fn status_error(
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        status: StatusCode,
+        message: String,
+    ) -> Self {
+        Self::Status {
+            call,
+            repository: repository.to_owned(),
+            reference: quoted_ref(reference),
+            status,
+            message,
+        }
+    }
+
+    fn decode(call: &'static str, repository: &str, reference: &str, detail: String) -> Self {
+        Self::Decode {
+            call,
+            repository: repository.to_owned(),
+            reference: quoted_ref(reference),
+            detail,
+        }
+    }
+
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             Self::Status { status, .. } => Some(*status),
@@ -162,13 +213,10 @@ impl LakeFsClient {
         reference: &str,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, LakeFsError> {
-        let response = request.send().await.map_err(|e| LakeFsError::Transport {
-            call,
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            timeout: e.is_timeout(),
-            detail: perago_api::error_chain(&e),
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| LakeFsError::transport(call, repository, reference, e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -177,14 +225,10 @@ impl LakeFsClient {
         let message = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_else(|| text.chars().take(300).collect());
-        Err(LakeFsError::Status {
-            call,
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            status,
-            message,
-        })
+            .unwrap_or_else(|| text.chars().take(MESSAGE_MAX).collect());
+        Err(LakeFsError::status_error(
+            call, repository, reference, status, message,
+        ))
     }
 
     /// Send with retries on transient answers (idempotent calls only).
@@ -213,18 +257,12 @@ impl LakeFsClient {
         reference: &str,
         response: reqwest::Response,
     ) -> Result<T, LakeFsError> {
-        let bytes = response.bytes().await.map_err(|e| LakeFsError::Transport {
-            call,
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            timeout: e.is_timeout(),
-            detail: perago_api::error_chain(&e),
-        })?;
-        serde_json::from_slice(&bytes).map_err(|e| LakeFsError::Decode {
-            call,
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            detail: perago_api::error_chain(&e),
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| LakeFsError::transport(call, repository, reference, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            LakeFsError::decode(call, repository, reference, perago_api::error_chain(&e))
         })
     }
 
@@ -318,12 +356,7 @@ impl LakeFsClient {
         r.get("commit_id")
             .and_then(Value::as_str)
             .map(str::to_owned)
-            .ok_or_else(|| LakeFsError::Decode {
-                call,
-                repository: repository.to_owned(),
-                reference: branch.to_owned(),
-                detail: "no commit_id".into(),
-            })
+            .ok_or_else(|| LakeFsError::decode(call, repository, branch, "no commit_id".into()))
     }
 
     /// Create `name` from `source`; fails (409) if it exists.
@@ -384,9 +417,9 @@ impl LakeFsClient {
                 .map_err(|e| LakeFsError::Transport {
                     call,
                     repository: repository.to_owned(),
-                    reference: branch.to_owned(),
+                    reference: quoted_ref(branch),
                     timeout: false,
-                    detail: format!("reading {}: {e}", file.display()),
+                    detail: format!("reading {}: {e}", crate::outcome::clip_path(file)),
                 })?;
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
                 opened,
@@ -435,22 +468,24 @@ impl LakeFsClient {
                 .and_then(Value::as_array)
                 .and_then(|e| e.first())
             {
-                return Err(LakeFsError::Status {
-                    call,
-                    repository: repository.to_owned(),
-                    reference: branch.to_owned(),
-                    status: first
-                        .get("status_code")
-                        .and_then(Value::as_u64)
-                        .and_then(|c| u16::try_from(c).ok())
-                        .and_then(|c| StatusCode::from_u16(c).ok())
-                        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                    message: format!(
-                        "{}: {}",
+                let status = first
+                    .get("status_code")
+                    .and_then(Value::as_u64)
+                    .and_then(|c| u16::try_from(c).ok())
+                    .and_then(|c| StatusCode::from_u16(c).ok())
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                // lakeFS's message first, then the (possibly long) key.
+                let message = format!(
+                    "{} (object '{}')",
+                    first.get("message").and_then(Value::as_str).unwrap_or(""),
+                    clip(
                         first.get("path").and_then(Value::as_str).unwrap_or("?"),
-                        first.get("message").and_then(Value::as_str).unwrap_or("")
-                    ),
-                });
+                        crate::outcome::QUOTED_MAX
+                    )
+                );
+                return Err(LakeFsError::status_error(
+                    call, repository, branch, status, message,
+                ));
             }
         }
         Ok(())
@@ -514,11 +549,13 @@ impl LakeFsClient {
             .and_then(Value::as_str)
             .filter(|r| !r.is_empty())
             .map(str::to_owned)
-            .ok_or_else(|| LakeFsError::Decode {
-                call,
-                repository: repository.to_owned(),
-                reference: destination.to_owned(),
-                detail: "the merge result has no reference".into(),
+            .ok_or_else(|| {
+                LakeFsError::decode(
+                    call,
+                    repository,
+                    destination,
+                    "the merge result has no reference".into(),
+                )
             })
     }
 
@@ -615,6 +652,46 @@ mod tests {
             !format!("{a:?}").contains("\"s\""),
             "the secret never prints"
         );
+    }
+
+    #[tokio::test]
+    async fn transport_errors_keep_the_cause_and_leave_out_the_url() {
+        // A loopback port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = LakeFsClient::new(
+            &format!("http://127.0.0.1:{port}"),
+            "k",
+            "s",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let long_ref = format!("perago-staging-{}", "b".repeat(300));
+        let prefix = "p/".repeat(300);
+        let err = c
+            .list_objects("repo", &long_ref, &prefix)
+            .await
+            .unwrap_err();
+        assert!(err.outcome_uncertain());
+        let text = err.to_string();
+        assert!(
+            text.starts_with("lakeFS list objects on repo@perago-staging-bbb"),
+            "{text}"
+        );
+        assert!(text.contains("b…b"), "the long ref is shortened: {text}");
+        assert!(text.contains("b failed: error sending request"), "{text}");
+        assert!(
+            text.ends_with("Connection refused (os error 111)"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("127.0.0.1") && !text.contains("p/p/"),
+            "{text}"
+        );
+        assert!(text.chars().count() < 250, "{text}");
     }
 
     #[test]

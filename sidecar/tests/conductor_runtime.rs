@@ -50,9 +50,28 @@ async fn declare(conductor: &ConductorApi, name: &str, extra_spec: &str) -> cont
     declare_slots(conductor, name, extra_spec, 1).await
 }
 
+const PARAMS_SCHEMA: &str = r#"
+    type: object
+    properties:
+      n: {type: integer}
+      mode: {type: string}
+      inner: {type: object, properties: {q: {type: string}, depth: {type: integer, default: 1}}}
+    required: [n]"#;
+
 async fn declare_slots(
     conductor: &ConductorApi,
     name: &str,
+    extra_spec: &str,
+    slots: u32,
+) -> contract::TaskContract {
+    declare_with(conductor, name, PARAMS_SCHEMA, extra_spec, slots).await
+}
+
+/// A task with its own params schema (YAML, indented under `paramsSchema:`).
+async fn declare_with(
+    conductor: &ConductorApi,
+    name: &str,
+    params_schema: &str,
     extra_spec: &str,
     slots: u32,
 ) -> contract::TaskContract {
@@ -64,13 +83,7 @@ metadata: {{name: t}}
 spec:
   taskName: {name}
   ownerEmail: e2e@example.com
-  paramsSchema:
-    type: object
-    properties:
-      n: {{type: integer}}
-      mode: {{type: string}}
-      inner: {{type: object, properties: {{q: {{type: string}}, depth: {{type: integer, default: 1}}}}}}
-    required: [n]
+  paramsSchema:{params_schema}
   resultSchema:
     type: object
     properties:
@@ -283,6 +296,116 @@ async fn strict_input_is_refused_before_the_body_runs() {
         let t = only_task(&wf);
         assert_eq!(t["status"], "FAILED", "{case}: {wf}");
         assert_eq!(t["reasonForIncompletion"].as_str(), Some(reason), "{case}");
+    }
+    assert!(!pod.path("ran").exists(), "the body never ran");
+}
+
+/// Invalid params read as Python Perago 0.6.1's Pydantic v2 messages, and the failure is an
+/// ordinary (retryable) FAILED: Conductor retries it per the TaskDef, and the retry fails the
+/// same way.
+#[tokio::test]
+async fn invalid_params_fail_retryably_with_pydantic_messages() {
+    let c = conductor().await;
+    let task = "rt.invalid";
+    let schema = r#"
+    type: object
+    properties:
+      name: {type: string, minLength: 1, pattern: '^[a-z]+$'}
+      count: {type: integer, minimum: 0, maximum: 10}
+      ratio: {type: number, exclusiveMinimum: 0}
+      mode: {enum: [fast, exact]}
+      flag: {type: boolean}
+      tags: {type: array, items: {type: string}, minItems: 1, maxItems: 2}
+      inner: {type: object, properties: {q: {type: string}}}
+    required: [name, count]"#;
+    let controls =
+        "  controls: {retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 30}}\n";
+    let contract = declare_with(&c, task, schema, controls, 1).await;
+    let pod = pod(&c, &contract, "touch \"$T/ran\"\n", &[]).await;
+    let cases = [
+        (
+            json!({"name": 5, "count": 1}),
+            "invalid params: params.name: Input should be a valid string",
+        ),
+        (
+            json!({"name": "a", "count": "5"}),
+            "invalid params: params.count: Input should be a valid integer",
+        ),
+        (
+            json!({"name": "a", "count": 11}),
+            "invalid params: params.count: Input should be less than or equal to 10",
+        ),
+        (
+            json!({"name": "a", "count": -1}),
+            "invalid params: params.count: Input should be greater than or equal to 0",
+        ),
+        (
+            json!({"name": "a", "count": 1.5}),
+            "invalid params: params.count: Input should be a valid integer, got a number with a fractional part",
+        ),
+        (
+            json!({"name": "a", "count": 1, "ratio": 0}),
+            "invalid params: params.ratio: Input should be greater than 0",
+        ),
+        (
+            json!({"name": "a", "count": 1, "mode": "slow"}),
+            "invalid params: params.mode: Input should be 'fast' or 'exact'",
+        ),
+        (
+            json!({"name": "a", "count": 1, "flag": "yes"}),
+            "invalid params: params.flag: Input should be a valid boolean",
+        ),
+        (
+            json!({"name": "", "count": 1}),
+            "invalid params: params.name: String should have at least 1 character",
+        ),
+        (
+            json!({"name": "A", "count": 1}),
+            "invalid params: params.name: String should match pattern '^[a-z]+$'",
+        ),
+        (
+            json!({"name": "a", "count": 1, "tags": ["x", "y", "z"]}),
+            "invalid params: params.tags: List should have at most 2 items after validation, not 3",
+        ),
+        (
+            json!({"name": "a", "count": 1, "tags": [1]}),
+            "invalid params: params.tags.0: Input should be a valid string",
+        ),
+        (
+            json!({"name": "a", "count": 1, "inner": []}),
+            "invalid params: params.inner: Input should be a valid dictionary",
+        ),
+        (
+            json!({"count": 1, "zzz": 2}),
+            "invalid params: params.name: Field required; params.zzz: Extra inputs are not permitted",
+        ),
+    ];
+    let mut cases: Vec<(Value, &str)> = cases
+        .into_iter()
+        .map(|(params, reason)| (json!({"params": params}), reason))
+        .collect();
+    // An extra top-level key (the task is strict) is no different.
+    cases.push((
+        json!({"params": {"name": "a", "count": 1}, "other": 1}),
+        "workspace-free task input must contain only params",
+    ));
+    let mut started = Vec::new();
+    for (i, (input, _)) in cases.iter().enumerate() {
+        started.push(c.start(task, &format!("c{i}"), input.clone()).await);
+    }
+    for ((params, reason), id) in cases.iter().zip(&started) {
+        let wf = c.finished(id).await;
+        assert_eq!(wf["status"], "FAILED", "{params}: {wf}");
+        let tasks = wf["tasks"].as_array().unwrap();
+        assert_eq!(tasks.len(), 2, "retried once: {wf}");
+        for t in tasks {
+            assert_eq!(t["status"], "FAILED", "{params}: {wf}");
+            assert_eq!(
+                t["reasonForIncompletion"].as_str(),
+                Some(*reason),
+                "{params}"
+            );
+        }
     }
     assert!(!pod.path("ran").exists(), "the body never ran");
 }

@@ -191,7 +191,7 @@ async fn hostile_keys_and_missing_refs_fail_with_the_call_named() {
     .unwrap_err();
     assert_eq!(
         err,
-        "object key 'data/a//b.txt' cannot be projected into the workspace: workspace guardrail paths must be relative and must not contain '..'"
+        "object key 'data/a//b.txt' cannot be projected into the workspace: it has an empty segment ('//')"
     );
     assert!(
         std::fs::read_dir(dir.path()).unwrap().next().is_none(),
@@ -224,6 +224,81 @@ async fn hostile_keys_and_missing_refs_fail_with_the_call_named() {
         err.starts_with("lakeFS get branch on no-such-repo@main failed: HTTP 404"),
         "{err}"
     );
+}
+
+/// Each kind of hostile key lakeFS stores is refused with what is wrong with that key; a
+/// 300-byte file name is refused before any file is created.
+#[tokio::test]
+async fn every_hostile_key_is_refused_naming_what_is_wrong() {
+    let c = client().await;
+    let repo = repository("ws-hostile-kinds").await;
+    let base = seed(&c, &repo, &[("data/ok.txt", b"ok")]).await;
+    let long = format!("data/sub/{}.bin", "n".repeat(296));
+    let cases = [
+        ("data/a//b.txt", "it has an empty segment ('//')"),
+        (
+            "data/x/",
+            "it ends in '/': a folder marker object, not a file",
+        ),
+        ("data/./x", "it has a '.' segment"),
+        (
+            "data/../x",
+            "it has a '..' segment, which would leave the workspace",
+        ),
+        (
+            "data/C:/x",
+            "the part under the prefix starts with a drive letter ('C:')",
+        ),
+        (
+            "data/a\\b",
+            "it contains a backslash ('\\'); workspace paths use '/' separators",
+        ),
+        (
+            long.as_str(),
+            "a segment ('nnnnnnnnnnnn…nnnnnnn.bin') is 300 bytes long, more than the 255 bytes a file or directory name may have",
+        ),
+    ];
+    for (i, (key, why)) in cases.into_iter().enumerate() {
+        let branch = format!("k{i}");
+        c.create_branch(&repo, &branch, &base).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("f");
+        std::fs::write(&local, b"x").unwrap();
+        c.upload(&repo, &branch, key, &local, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let commit = c
+            .commit(&repo, &branch, "hostile", &BTreeMap::new())
+            .await
+            .unwrap()
+            .id;
+        let into = tempfile::tempdir().unwrap();
+        let err = download::download(
+            &c,
+            &repo,
+            &commit,
+            "data",
+            into.path(),
+            4,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_err();
+        let suffix = format!("' cannot be projected into the workspace: {why}");
+        if key.len() < 100 {
+            assert_eq!(err, format!("object key '{key}{suffix}"));
+        } else {
+            assert!(
+                err.starts_with("object key 'data/sub/nnnn") && err.ends_with(&suffix),
+                "{err}"
+            );
+        }
+        assert!(err.chars().count() < 400, "{err}");
+        assert!(
+            std::fs::read_dir(into.path()).unwrap().next().is_none(),
+            "{key}: nothing is written"
+        );
+    }
 }
 
 #[tokio::test]

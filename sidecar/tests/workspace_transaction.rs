@@ -497,6 +497,174 @@ fi
 printf '{"files": 0}' > "$PERAGO_RESULT"
 "#;
 
+/// Have Conductor decide the workflow until it is no longer running (its sweeper is slow to
+/// time out an attempt whose pod died); the final workflow.
+async fn after_the_timeout(api: &ConductorApi, id: &str) -> Value {
+    let started = std::time::Instant::now();
+    loop {
+        api.call(
+            reqwest::Method::PUT,
+            &format!("/workflow/decide/{id}"),
+            None,
+        )
+        .await;
+        let wf = api.workflow(id).await;
+        if wf["status"] != "RUNNING" {
+            return wf;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "no retry: {wf}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Start a workflow on a pod that dies at `fault`; wait for the crash (exit status 86).
+async fn start_crashing(
+    task: &str,
+    controls: &str,
+    body: &str,
+    fault: &str,
+    repo: &str,
+    input: &str,
+) -> (ConductorApi, String) {
+    let (api, mut crashing) = task_pod_with(
+        task,
+        "{prefix: /}",
+        controls,
+        body,
+        &[("PERAGO_FAULT", fault)],
+    )
+    .await;
+    let id = start_on(&api, task, "crash", repo, input).await;
+    let status = tokio::time::timeout(Duration::from_secs(60), crashing.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(86),
+        "the sidecar crashed at {fault}:\n{}",
+        crashing.log()
+    );
+    (api, id)
+}
+
+/// The one staging branch a crashed attempt left behind.
+async fn the_leftover(lake: &Lake, repo: &str) -> String {
+    let branches = lake.branches(repo).await;
+    let staging: Vec<&String> = branches
+        .iter()
+        .filter(|b| b.starts_with("perago-staging-"))
+        .collect();
+    assert_eq!(staging.len(), 1, "{branches:?}");
+    staging[0].clone()
+}
+
+/// The same files on every attempt, as docs/task-bodies.md recommends.
+const DETERMINISTIC: &str = r#"
+echo same > "$PERAGO_WORKSPACE/shared.txt"; echo out > "$PERAGO_WORKSPACE/out.txt"
+printf '{"files": 0}' > "$PERAGO_RESULT"
+"#;
+
+/// The pod dies after its merge landed, before cleanup; the retry's body writes the same
+/// files, so the retry completes on that publication without merging. It must still remove
+/// the staging branch the crash left behind, and say so.
+#[tokio::test]
+async fn a_deterministic_retry_after_a_crash_after_merge_publishes_once_and_leaves_no_staging_branch()
+ {
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository("ws-crash-same", &[("keep.txt", "keep")])
+        .await;
+    let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2}}";
+    let (api, id) = start_crashing(
+        "ws.crashsame",
+        controls,
+        DETERMINISTIC,
+        "exit-after-merge",
+        &repo,
+        &input,
+    )
+    .await;
+    let first = lake.head(&repo).await;
+    assert_ne!(first, input, "the first attempt's merge happened");
+    let leftover = the_leftover(&lake, &repo).await;
+
+    let (_, pod) = task_pod_with("ws.crashsame", "{prefix: /}", controls, DETERMINISTIC, &[]).await;
+    let wf = after_the_timeout(&api, &id).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{wf}");
+    assert_eq!(tasks[1]["retryCount"], 1);
+    assert_eq!(
+        tasks[1]["outputData"],
+        json!({"workspace": workspace(&repo, &first), "result": {"files": 0}}),
+        "the retry completes on the earlier publication"
+    );
+    assert_eq!(lake.head(&repo).await, first, "no second publication");
+    let history = lake
+        .client
+        .first_parent_log(&repo, &first, &input, 10)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(
+        history.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        [first.as_str(), input.as_str()],
+        "exactly one publication above the input ref"
+    );
+    assert_eq!(history[0].metadata["perago.retry_count"], "0");
+    lake.assert_no_staging_branch(&repo).await;
+    let log = pod.log();
+    assert!(
+        log.lines().any(|l| l
+            .contains("removed a staging branch an earlier attempt of this step left behind")
+            && l.contains(&leftover)),
+        "the removal names the branch:\n{log}"
+    );
+}
+
+/// The pod dies between stage and merge; the retry's body changes nothing, so it completes
+/// as a no-op (the head is still the input ref). The staging branch is removed there too.
+#[tokio::test]
+async fn a_no_op_retry_after_a_crash_after_stage_leaves_no_staging_branch() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository("ws-crash-noop", &[("keep.txt", "keep")])
+        .await;
+    let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2}}";
+    let body = r#"
+if [ "$PERAGO_RETRY_COUNT" = 0 ]; then echo x > "$PERAGO_WORKSPACE/only-first.txt"; fi
+printf '{"files": 0}' > "$PERAGO_RESULT"
+"#;
+    let (api, id) = start_crashing(
+        "ws.crashnoop",
+        controls,
+        body,
+        "exit-after-stage",
+        &repo,
+        &input,
+    )
+    .await;
+    assert_eq!(lake.head(&repo).await, input, "nothing was merged");
+    let leftover = the_leftover(&lake, &repo).await;
+
+    let (_, pod) = task_pod_with("ws.crashnoop", "{prefix: /}", controls, body, &[]).await;
+    let wf = after_the_timeout(&api, &id).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let tasks = wf["tasks"].as_array().unwrap();
+    assert_eq!(
+        tasks[1]["outputData"]["workspace"],
+        workspace(&repo, &input),
+        "{wf}"
+    );
+    assert_eq!(lake.head(&repo).await, input);
+    lake.assert_no_staging_branch(&repo).await;
+    assert!(pod.log().contains(&leftover), "{}", pod.log());
+}
+
 #[tokio::test]
 async fn a_crash_after_merge_is_superseded_by_the_retry_and_the_prefix_equals_its_workspace() {
     let lake = Lake::new().await;
@@ -531,24 +699,7 @@ async fn a_crash_after_merge_is_superseded_by_the_retry_and_the_prefix_equals_it
 
     // A fresh pod takes the retry once Conductor has timed the first attempt out.
     let (_, _pod) = task_pod_with("ws.crash", "{prefix: /}", controls, PER_ATTEMPT, &[]).await;
-    let started = std::time::Instant::now();
-    let wf = loop {
-        api.call(
-            reqwest::Method::PUT,
-            &format!("/workflow/decide/{id}"),
-            None,
-        )
-        .await;
-        let wf = api.workflow(&id).await;
-        if wf["status"] != "RUNNING" {
-            break wf;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(90),
-            "no retry: {wf}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let wf = after_the_timeout(&api, &id).await;
     assert_eq!(wf["status"], "COMPLETED", "{wf}");
     let tasks = wf["tasks"].as_array().unwrap();
     assert_eq!(tasks.len(), 2, "{wf}");
@@ -1058,6 +1209,116 @@ async fn an_unreachable_lakefs_fails_the_attempt_naming_the_call() {
         executions.display()
     );
     assert_eq!(lake.head(&repo).await, input);
+}
+
+/// Hostile object keys fail the attempt before the body runs, with a reason that says what
+/// is wrong with the key and stays short enough for the cut to 500 characters to keep it.
+#[tokio::test]
+async fn hostile_object_keys_fail_the_attempt_naming_what_is_wrong() {
+    let lake = Lake::new().await;
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let (api, pod) = task_pod_with(
+        "ws.hostile",
+        "{prefix: /data}",
+        controls,
+        &format!("touch \"$T/ran\"\n{COUNT_FILES}\n"),
+        &[],
+    )
+    .await;
+    let long = format!("data/{}.txt", "n".repeat(296));
+    let cases = [
+        (
+            long.as_str(),
+            "a segment ('nnnnnnnnnnnn…nnnnnnn.txt') is 300 bytes long, more than the 255 bytes a file or directory name may have",
+        ),
+        (
+            "data/dir/",
+            "it ends in '/': a folder marker object, not a file",
+        ),
+        ("data/a//b.txt", "it has an empty segment ('//')"),
+        ("data/./x.txt", "it has a '.' segment"),
+    ];
+    for (i, (key, why)) in cases.into_iter().enumerate() {
+        let (repo, input) = lake
+            .repository(
+                &format!("ws-hostile-{i}"),
+                &[("data/ok.txt", "ok"), (key, "x")],
+            )
+            .await;
+        let wf = run_on(&api, "ws.hostile", &format!("k{i}"), &repo, &input).await;
+        let t = only_task(&wf);
+        assert_eq!(t["status"], "FAILED", "{key}: {wf}");
+        let reason = t["reasonForIncompletion"].as_str().unwrap();
+        let suffix = format!("' cannot be projected into the workspace: {why}");
+        if key.len() < 100 {
+            assert_eq!(reason, format!("object key '{key}{suffix}"));
+        } else {
+            assert!(
+                reason.starts_with("object key 'data/nnnn") && reason.ends_with(&suffix),
+                "{reason}"
+            );
+        }
+        assert!(
+            !pod.log().contains("truncated task failure reason"),
+            "{}",
+            pod.log()
+        );
+    }
+    assert!(!pod.path("ran").exists(), "the body never ran");
+}
+
+/// Reasons whose ref or prefix is long keep the cause: the lakeFS call is named with the
+/// repository and a shortened ref, never with the request URL and its query.
+#[tokio::test]
+async fn a_long_reason_keeps_its_cause() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-long", &[("a.txt", "a")]).await;
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let body = format!("touch \"$T/ran\"\n{COUNT_FILES}\n");
+
+    // A ref lakeFS does not know, 450 characters long.
+    let (api, pod) = task_pod_with("ws.longref", "{prefix: /}", controls, &body, &[]).await;
+    let unknown = "f".repeat(450);
+    let wf = run_on(&api, "ws.longref", "ref", &repo, &unknown).await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED", "{wf}");
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("lakeFS list objects on {repo}@ffff"))
+            && reason.contains("f…f")
+            && reason.contains("f failed: HTTP 404 Not Found"),
+        "{reason}"
+    );
+    assert!(!pod.log().contains("truncated task failure reason"));
+
+    // lakeFS unreachable, the listing's query holding a 500-character prefix.
+    let closed = format!(
+        "http://127.0.0.1:{}",
+        perago_e2e::process::free_port().unwrap()
+    );
+    let prefix = format!("/{}/{}", "d".repeat(250), "e".repeat(250));
+    let (api, pod) = task_pod_with(
+        "ws.longprefix",
+        &format!("{{prefix: {prefix}}}"),
+        controls,
+        &body,
+        &[("LAKECTL_SERVER_ENDPOINT_URL", &closed)],
+    )
+    .await;
+    let wf = run_on(&api, "ws.longprefix", "down", &repo, &input).await;
+    let t = only_task(&wf);
+    assert_eq!(t["status"], "FAILED", "{wf}");
+    let reason = t["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("lakeFS list objects on {repo}@{input} failed: "))
+            && reason.ends_with("Connection refused (os error 111)"),
+        "the cause survives: {reason}"
+    );
+    assert!(
+        !reason.contains("ddd") && !reason.contains("127.0.0.1"),
+        "no URL: {reason}"
+    );
+    assert!(!pod.path("ran").exists(), "the body never ran");
 }
 
 /// lakeFS refuses to delete staging branches here (a pre-delete-branch hook): the publication

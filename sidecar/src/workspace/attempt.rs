@@ -6,7 +6,9 @@
 //!
 //! Read-only tasks stop after the post guardrails and complete with the input ref. A writable
 //! attempt that changed nothing completes with the input ref when the head is still the input
-//! ref, and never creates an empty commit.
+//! ref, and never creates an empty commit. Every writable completion (merged, on an earlier
+//! publication of the step that already holds the workspace, or no-op) removes the staging
+//! branches earlier attempts of the step left behind.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -118,6 +120,27 @@ impl WorkspaceAttempt<'_> {
         }
     }
 
+    /// Remove the staging branches earlier attempts of this step left behind (a pod that died
+    /// between stage or merge and cleanup), but `ours`. Runs on every path a writable attempt
+    /// completes on: after its merge, when the base (an earlier publication of the step)
+    /// already holds its workspace, and on a no-op. By then the attempt fence has shown this
+    /// attempt current, so the earlier ones are over.
+    async fn sweep_leftovers(
+        &self,
+        ws: &WorkspaceRef,
+        snapshot: &AttemptSnapshot,
+        ours: Option<&str>,
+    ) {
+        let removed =
+            publish::sweep_step_branches(self.lakefs, &ws.repository, snapshot, ours).await;
+        if removed > 0 {
+            info!(
+                removed_count = removed,
+                "removed staging branches earlier attempts of this step left behind"
+            );
+        }
+    }
+
     /// Run one phase's guardrails off the async runtime (they walk the whole tree).
     async fn guardrails(&self, phase: &'static str, root: &Path) -> Result<(), String> {
         let list = if phase == "pre" {
@@ -145,7 +168,10 @@ impl WorkspaceAttempt<'_> {
     ) -> Outcome {
         let root = dir.file(files::WORKSPACE);
         if let Err(e) = tokio::fs::create_dir(&root).await {
-            return Outcome::failed(format!("creating {} failed: {e}", root.display()));
+            return Outcome::failed(format!(
+                "creating {} failed: {e}",
+                crate::outcome::clip_path(&root)
+            ));
         }
         let prefix = self.spec.prefix.as_str();
 
@@ -242,6 +268,7 @@ impl WorkspaceAttempt<'_> {
                 phase = "publish",
                 "workspace unchanged; completing with the input ref"
             );
+            self.sweep_leftovers(ws, snapshot, None).await;
             return completed(ws, result);
         }
         let mut staging = Staging { branch: None };
@@ -290,6 +317,7 @@ impl WorkspaceAttempt<'_> {
             // The base (an earlier publication of this step) already holds exactly this
             // workspace: nothing to stage, nothing to merge.
             info!(phase = "publish", base = %base.base, "the base already holds this workspace");
+            self.sweep_leftovers(ws, snapshot, None).await;
             return completed(&ws.at(&base.base), result);
         }
         let branch = publish::staging_branch(snapshot, run.execution_id);
@@ -370,15 +398,7 @@ impl WorkspaceAttempt<'_> {
         match merged {
             Ok(reference) => {
                 crash_point(self.transfers, "exit-after-merge");
-                let swept =
-                    publish::sweep_step_branches(self.lakefs, &ws.repository, snapshot, &branch)
-                        .await;
-                if swept > 0 {
-                    info!(
-                        removed_count = swept,
-                        "removed staging branches earlier attempts of this step left behind"
-                    );
-                }
+                self.sweep_leftovers(ws, snapshot, Some(&branch)).await;
                 info!(phase = "publish", reference = %reference, supersedes = base.supersedes.as_deref().unwrap_or(""), "workspace published");
                 completed(&ws.at(&reference), result)
             }

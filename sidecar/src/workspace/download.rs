@@ -11,9 +11,14 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use perago_api::paths::{listing_prefix, object_key_to_local};
+use perago_api::paths::{PathError, listing_prefix, object_key_to_local};
 
+use crate::conductor::request_error;
 use crate::lakefs::{LakeFsClient, ObjectEntry};
+use crate::outcome::{QUOTED_MAX, clip, clip_path};
+
+/// Longest file or directory name Linux allows (`NAME_MAX`), in bytes.
+pub const NAME_MAX: usize = 255;
 
 /// What was downloaded: per local path, the object's lakeFS checksum and size.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -36,6 +41,63 @@ pub fn is_reserved(key: &str, prefix: &str) -> bool {
     prefix == perago_api::paths::ROOT_PREFIX && key.starts_with(ACTIONS_DIR)
 }
 
+/// What makes an object key unusable as a workspace path, named precisely (the guardrail
+/// path texts of the shared canonicalisation would call all of these "`..`").
+fn key_problem(key: &str) -> Option<String> {
+    let bytes = key.as_bytes();
+    let problem = if key.is_empty() {
+        "the key is empty".to_owned()
+    } else if key.contains('\0') {
+        "it contains a NUL character".to_owned()
+    } else if key.contains('\\') {
+        "it contains a backslash ('\\'); workspace paths use '/' separators".to_owned()
+    } else if key.ends_with('/') {
+        "it ends in '/': a folder marker object, not a file".to_owned()
+    } else if key.starts_with('/') {
+        "it starts with '/': an absolute path".to_owned()
+    } else if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' {
+        format!("it starts with a drive letter ('{}')", &key[..2])
+    } else if key.split('/').any(str::is_empty) {
+        "it has an empty segment ('//')".to_owned()
+    } else if key.split('/').any(|s| s == ".") {
+        "it has a '.' segment".to_owned()
+    } else if key.split('/').any(|s| s == "..") {
+        "it has a '..' segment, which would leave the workspace".to_owned()
+    } else {
+        return None;
+    };
+    Some(problem)
+}
+
+/// Project one object key onto its workspace-relative path: `Ok(None)` when the key is not
+/// part of the workspace (outside the prefix, an attempt marker), `Err` naming what is wrong
+/// with a key that fails the attempt.
+pub fn project(key: &str, prefix: &str) -> Result<Option<String>, String> {
+    if let Some(problem) = key_problem(key) {
+        return Err(problem);
+    }
+    let local = match object_key_to_local(key, prefix) {
+        Ok(Some(local)) => local,
+        Ok(None) => return Ok(None),
+        // The whole key is clean, so only the part under the prefix can still be refused.
+        Err(PathError::DriveQualified) => {
+            return Err(format!(
+                "the part under the prefix starts with a drive letter ('{}')",
+                key.get(prefix.len() + 1..prefix.len() + 3).unwrap_or("?:")
+            ));
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    if let Some(segment) = local.split('/').find(|s| s.len() > NAME_MAX) {
+        return Err(format!(
+            "a segment ('{}') is {} bytes long, more than the {NAME_MAX} bytes a file or directory name may have",
+            clip(segment, 24),
+            segment.len()
+        ));
+    }
+    Ok(Some(local))
+}
+
 /// The local paths of a listing, in sorted key order, refusing hostile keys and
 /// file-versus-directory collisions (keys `a` and `a/b`).
 pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, ObjectEntry)>, String> {
@@ -46,13 +108,13 @@ pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, Object
         if is_reserved(&entry.path, prefix) {
             continue;
         }
-        match object_key_to_local(&entry.path, prefix) {
+        match project(&entry.path, prefix) {
             Ok(Some(local)) => out.push((local, entry.clone())),
             Ok(None) => {}
-            Err(e) => {
+            Err(why) => {
                 return Err(format!(
-                    "object key '{}' cannot be projected into the workspace: {e}",
-                    entry.path
+                    "object key '{}' cannot be projected into the workspace: {why}",
+                    clip(&entry.path, QUOTED_MAX)
                 ));
             }
         }
@@ -63,7 +125,9 @@ pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, Object
         while let Some((p, _)) = parent.rsplit_once('/') {
             if files.contains(p) {
                 return Err(format!(
-                    "object keys for '{p}' and '{local}' collide: one would be a file and a directory at once"
+                    "object keys for '{}' and '{}' collide: one would be a file and a directory at once",
+                    clip(p, QUOTED_MAX),
+                    clip(local, QUOTED_MAX)
                 ));
             }
             parent = p;
@@ -94,7 +158,7 @@ pub async fn download(
         {
             tokio::fs::create_dir_all(dir.join(parent))
                 .await
-                .map_err(|e| format!("creating {} failed: {e}", dir.join(parent).display()))?;
+                .map_err(|e| format!("creating {} failed: {e}", clip_path(&dir.join(parent))))?;
         }
     }
     let mut manifest = Manifest::default();
@@ -138,28 +202,31 @@ async fn fetch(
         .create_new(true)
         .open(target)
         .await
-        .map_err(|e| format!("creating {} failed: {e}", target.display()))?;
+        .map_err(|e| format!("creating {} failed: {e}", clip_path(target)))?;
     let mut written = 0u64;
     while let Some(chunk) = response.chunk().await.map_err(|e| {
         format!(
-            "lakeFS get object on {repository}@{reference} failed while reading '{}': {e}",
-            entry.path
+            "lakeFS get object on {repository}@{} failed while reading '{}': {}",
+            clip(reference, crate::lakefs::REF_MAX),
+            clip(&entry.path, QUOTED_MAX),
+            request_error(e)
         )
     })? {
         written += chunk.len() as u64;
         file.write_all(&chunk)
             .await
-            .map_err(|e| format!("writing {} failed: {e}", target.display()))?;
+            .map_err(|e| format!("writing {} failed: {e}", clip_path(target)))?;
     }
     file.flush()
         .await
-        .map_err(|e| format!("writing {} failed: {e}", target.display()))?;
+        .map_err(|e| format!("writing {} failed: {e}", clip_path(target)))?;
     if let Some(expected) = entry.size_bytes
         && expected != written
     {
         return Err(format!(
-            "object '{}' at {repository}@{reference} was {written} bytes, the listing said {expected}",
-            entry.path
+            "object '{}' at {repository}@{} was {written} bytes, the listing said {expected}",
+            clip(&entry.path, QUOTED_MAX),
+            clip(reference, crate::lakefs::REF_MAX)
         ));
     }
     Ok(written)
@@ -190,20 +257,52 @@ mod tests {
         let planned = plan(&listing, "data").unwrap();
         let locals: Vec<&str> = planned.iter().map(|(l, _)| l.as_str()).collect();
         assert_eq!(locals, ["a.txt", "b.txt"]);
-        for bad in [
-            "data/../etc/passwd",
-            "data//x",
-            "/abs",
-            "data/C:/x",
-            "data/dir/",
-            "data/a\\b",
+        let long_name = format!("data/{}.txt", "n".repeat(296));
+        for (bad, why) in [
+            (
+                "data/../etc/passwd",
+                "it has a '..' segment, which would leave the workspace",
+            ),
+            ("data//x", "it has an empty segment ('//')"),
+            ("data/./x", "it has a '.' segment"),
+            ("/abs", "it starts with '/': an absolute path"),
+            ("C:/x", "it starts with a drive letter ('C:')"),
+            (
+                "data/C:/x",
+                "the part under the prefix starts with a drive letter ('C:')",
+            ),
+            (
+                "data/dir/",
+                "it ends in '/': a folder marker object, not a file",
+            ),
+            (
+                "data/a\\b",
+                "it contains a backslash ('\\'); workspace paths use '/' separators",
+            ),
+            ("data/a\0b", "it contains a NUL character"),
+            ("", "the key is empty"),
+            (
+                long_name.as_str(),
+                "a segment ('nnnnnnnnnnnn…nnnnnnn.txt') is 300 bytes long, more than the 255 bytes a file or directory name may have",
+            ),
         ] {
             let err = plan(&[entry(bad)], "data").unwrap_err();
-            assert!(
-                err.starts_with(&format!("object key '{bad}' cannot be projected")),
-                "{err}"
+            let quoted = clip(bad, QUOTED_MAX);
+            assert_eq!(
+                err,
+                format!("object key '{quoted}' cannot be projected into the workspace: {why}"),
+                "{bad:?}"
             );
+            assert!(err.chars().count() < 350, "{err}");
         }
+        // Hostile keys outside the prefix still fail (the whole key is checked first); long
+        // names outside it are simply not part of the workspace.
+        assert!(plan(&[entry("other//x")], "data").is_err());
+        let long_outside = format!("other/{}", "n".repeat(300));
+        assert!(plan(&[entry(&long_outside)], "data").unwrap().is_empty());
+        // A name of exactly 255 bytes is a valid file name.
+        let max_name = format!("data/{}", "n".repeat(255));
+        assert_eq!(plan(&[entry(&max_name)], "data").unwrap().len(), 1);
         let err = plan(&[entry("a"), entry("a/b")], "/").unwrap_err();
         assert!(err.contains("collide"), "{err}");
     }

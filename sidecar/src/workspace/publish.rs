@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use perago_api::paths::{listing_prefix, local_to_object_key, object_key_to_local};
+use perago_api::paths::{listing_prefix, local_to_object_key};
 
 use crate::attempt::AttemptSnapshot;
 use crate::lakefs::{Commit, LakeFsClient};
@@ -71,14 +71,27 @@ pub fn step_branch_prefix(a: &AttemptSnapshot) -> String {
     )
 }
 
-/// Delete staging branches earlier attempts of this step left behind (a crash between stage
-/// and cleanup). Called once this attempt has published: those attempts are over. Errors are
-/// logged, never returned.
+/// Whether `name` is a staging branch of an attempt of this workflow step (any retry, any
+/// execution): the step's prefix, then `<seq>-iteration-<iteration>-task-id-`. A step whose
+/// reference name extends this one's (`build` and `build-seq`) does not match.
+pub fn is_step_branch(name: &str, a: &AttemptSnapshot) -> bool {
+    let Some(rest) = name.strip_prefix(&step_branch_prefix(a)) else {
+        return false;
+    };
+    let unsigned = rest.strip_prefix('-').unwrap_or(rest);
+    let digits = unsigned.bytes().take_while(u8::is_ascii_digit).count();
+    digits > 0 && unsigned[digits..].starts_with(&format!("-iteration-{}-task-id-", a.iteration))
+}
+
+/// Delete the staging branches earlier attempts of this step left behind (a crash between
+/// stage and cleanup), all but `ours`. Called whenever an attempt of the step completes: by
+/// then those attempts are over. Every removal is logged with the branch name, and so is every
+/// branch that cannot be removed; errors are never returned. Returns how many were removed.
 pub async fn sweep_step_branches(
     client: &LakeFsClient,
     repository: &str,
     a: &AttemptSnapshot,
-    ours: &str,
+    ours: Option<&str>,
 ) -> usize {
     let names = match client
         .list_branches(repository, &step_branch_prefix(a))
@@ -86,16 +99,22 @@ pub async fn sweep_step_branches(
     {
         Ok(n) => n,
         Err(e) => {
-            tracing::warn!(error = %e, "listing leftover staging branches failed");
+            tracing::warn!(error = %e, "listing leftover staging branches failed; they stay until an attempt of this step completes again");
             return 0;
         }
     };
     let mut removed = 0;
-    for name in names.iter().filter(|n| n.as_str() != ours) {
+    for name in names
+        .iter()
+        .filter(|n| Some(n.as_str()) != ours && is_step_branch(n, a))
+    {
         match client.delete_branch(repository, name).await {
-            Ok(()) => removed += 1,
+            Ok(()) => {
+                removed += 1;
+                tracing::info!(staging_branch = %name, "removed a staging branch an earlier attempt of this step left behind");
+            }
             Err(e) => {
-                tracing::warn!(staging_branch = %name, error = %e, "failed to clean staging workspace")
+                tracing::warn!(staging_branch = %name, error = %e, "failed to clean staging workspace an earlier attempt of this step left behind")
             }
         }
     }
@@ -261,8 +280,12 @@ pub fn plan(
                 item.path
             ));
         }
-        let key = local_to_object_key(&item.path, prefix)
-            .map_err(|e| format!("workspace path '{}' cannot be published: {e}", item.path))?;
+        let key = local_to_object_key(&item.path, prefix).map_err(|e| {
+            format!(
+                "workspace path '{}' cannot be published: {e}",
+                crate::outcome::clip(&item.path, crate::outcome::QUOTED_MAX)
+            )
+        })?;
         if download::is_reserved(&key, prefix) {
             return Err(format!(
                 "workspace path '{}' cannot be published: {} is reserved for lakeFS actions",
@@ -302,7 +325,7 @@ pub async fn base_objects(
         if download::is_reserved(&e.path, prefix) {
             continue;
         }
-        if let Ok(Some(_)) = object_key_to_local(&e.path, prefix) {
+        if let Ok(Some(_)) = download::project(&e.path, prefix) {
             out.insert(e.path, e.checksum);
         }
     }
@@ -367,6 +390,10 @@ mod tests {
         assert!(
             staging_branch(&attempt("t"), "e").starts_with(&step_branch_prefix(&attempt("other")))
         );
+        assert!(is_step_branch(
+            &staging_branch(&attempt("t"), "e"),
+            &attempt("other")
+        ));
         let long = "x".repeat(300);
         let a = branch_segment(&long);
         let b = branch_segment(&format!("{long}y"));
@@ -376,6 +403,28 @@ mod tests {
             a.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         );
+    }
+
+    #[test]
+    fn the_sweep_matches_only_this_steps_branches() {
+        let a = attempt("t1");
+        let other_step = |reference: &str, iteration: u32| {
+            AttemptSnapshot::from_task(&json!({
+                "workflowInstanceId": "wf-7f3d", "taskId": "x", "retryCount": 0, "taskDefName": "features.build",
+                "referenceTaskName": reference, "seq": 9, "iteration": iteration, "status": "IN_PROGRESS", "inputData": {}
+            }))
+            .unwrap()
+        };
+        for (name, ours) in [
+            (staging_branch(&attempt("t0"), "e0"), true),
+            (staging_branch(&other_step("build", 0), "e1"), true),
+            (staging_branch(&other_step("build-seq", 0), "e2"), false),
+            (staging_branch(&other_step("build", 1), "e3"), false),
+            (staging_branch(&other_step("build2", 0), "e4"), false),
+            ("perago-staging-wf-7f3d-build-seq-x".to_owned(), false),
+        ] {
+            assert_eq!(is_step_branch(&name, &a), ours, "{name}");
+        }
     }
 
     fn commit(id: &str, phase: &str, key: &str) -> Commit {
