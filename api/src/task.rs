@@ -56,6 +56,11 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn(name = "Desired", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueDepth"),
     printcolumn(
+        name = "Running",
+        type_ = "integer",
+        json_path = ".status.runningAttempts"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -487,7 +492,8 @@ pub struct SidecarOverrides {
     pub resources: Option<ResourceRequirements>,
 }
 
-/// Replicas follow `ceil(queueDepth / targetQueueDepth)`, clamped to `[minReplicas, maxReplicas]`.
+/// Replicas follow `ceil((queueDepth + runningAttempts) / targetQueueDepth)`, clamped to
+/// `[minReplicas, maxReplicas]`: queued work and the attempts running in the task's pods.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[x_kube(validation = Rule::new("self.minReplicas <= self.maxReplicas").message("autoscaling.minReplicas must be <= maxReplicas"))]
 #[serde(rename_all = "camelCase")]
@@ -498,7 +504,7 @@ pub struct AutoscalingSpec {
     pub min_replicas: i32,
     #[schemars(range(min = 1))]
     pub max_replicas: i32,
-    /// Scheduled tasks per pod the autoscaler aims for.
+    /// Work items per pod the autoscaler aims for: queued tasks plus attempts running.
     #[serde(default = "default_target_queue_depth")]
     #[schemars(range(min = 1))]
     pub target_queue_depth: i32,
@@ -570,6 +576,9 @@ pub struct PeragoTaskStatus {
     /// Scheduled tasks waiting in Conductor's queue for this task type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_depth: Option<i64>,
+    /// Attempts running in the task's executor pods (their busy slots), for autoscaled tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_attempts: Option<i64>,
     /// SHA-256 of the TaskDef document registered in Conductor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_def_hash: Option<String>,

@@ -1098,3 +1098,90 @@ async fn a_compiled_body_in_an_image_without_a_shell_is_published() {
         "hello\n"
     );
 }
+
+/// Autoscaling counts the attempts running in the pods, not only the queue: a task whose queue
+/// is empty keeps the pod that runs its attempt, and goes to zero once the attempt is done.
+#[tokio::test]
+async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
+    let Some((services, cluster)) =
+        cluster("an_autoscaled_task_keeps_the_pod_that_runs_an_attempt").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-running", "long");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task_with(
+            namespace,
+            name,
+            "echo \"body started $PERAGO_EXECUTION_ID\"; sleep 25; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
+            &json!({
+                "workspace": {"readOnly": true},
+                "executor": {"autoscaling": {
+                    "minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1,
+                    "scaleDownStabilizationSeconds": 2,
+                }},
+            }),
+        ))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (_, repository, input_ref) = seeded(services, "pods-running").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "long",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name).await;
+    let pod_name = pod.metadata.name.unwrap();
+    wait_for_log(cluster, namespace, &pod_name, "body", "body started").await;
+
+    // The queue is empty now; the attempt runs for 25 s, longer than the window plus a resync.
+    let tasks: Api<perago_api::PeragoTask> = Api::namespaced(client.clone(), namespace);
+    let mut seen_running = false;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(18) {
+        let status = tasks.get(name).await.unwrap().status.unwrap_or_default();
+        seen_running |= status.running_attempts == Some(1) && status.queue_depth == Some(0);
+        assert!(
+            status.replicas.unwrap_or(0) >= 1,
+            "scaled in while its attempt runs: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        seen_running,
+        "status never showed queue 0 and 1 running attempt"
+    );
+    let finished = conductor.finished(&workflow).await;
+    let attempts: Vec<&str> = finished["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(attempts, ["COMPLETED"], "{finished}");
+    let scaled = cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=Scaled"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap();
+    assert!(
+        scaled.contains("running attempts 0: 1 → 0"),
+        "went to zero only with nothing running: {scaled:?}"
+    );
+    assert!(!scaled.contains("running attempts 1: 1 → 0"), "{scaled:?}");
+}

@@ -40,6 +40,43 @@ pub struct Context {
     /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
     pub recommendations:
         std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
+    /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
+    pub pods_http: reqwest::Client,
+}
+
+/// Attempts running in the task's pods: the busy slots each sidecar reports on `/slots`
+/// (ADR 0009). A running pod that does not answer counts as fully busy, so that a slow or
+/// unreachable sidecar never makes the operator remove pods that may be working.
+async fn running_attempts(
+    ctx: &Context,
+    task: &PeragoTask,
+    ns: &str,
+    selector: &str,
+) -> Result<i64, Error> {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await?;
+    let slots = i64::from(task.spec.executor.slots);
+    let asks = pods.items.iter().filter_map(|pod| {
+        let status = pod.status.as_ref()?;
+        (status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none())
+            .then_some(status.pod_ip.clone()?)
+    });
+    let answers = futures_util::future::join_all(asks.map(|ip| async move {
+        let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
+        let answer = async {
+            ctx.pods_http.get(&url).send().await?.error_for_status()?.json::<serde_json::Value>().await
+        };
+        match answer.await {
+            Ok(v) => v["busy"].as_i64().unwrap_or(slots),
+            Err(e) => {
+                tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
+                slots
+            }
+        }
+    }))
+    .await;
+    Ok(answers.into_iter().sum())
 }
 
 /// `ceil(depth / target)` clamped to `[min, max]`.
@@ -298,13 +335,16 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
     let mut replicas = task.spec.executor.replicas;
     let mut queue_depth = old.queue_depth;
+    let mut running_attempts_now = old.running_attempts;
     if let Some(auto) = &task.spec.executor.autoscaling {
         let depth = match ctx.conductor.queue_depth(&base, name).await {
             Ok(depth) => depth,
             Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
         };
         queue_depth = Some(depth);
-        let wanted = recommended(depth, auto);
+        let running = running_attempts(ctx, &task, &ns, &selector).await?;
+        running_attempts_now = Some(running);
+        let wanted = recommended(depth + running, auto);
         let window =
             Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
         let next = {
@@ -324,6 +364,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             .await?;
             info!(
                 queue_depth = depth,
+                running,
                 from = replicas,
                 to = next,
                 "scaled the executor"
@@ -333,7 +374,9 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
                 &task,
                 EventType::Normal,
                 "Scaled",
-                format!("queue depth {depth}: {replicas} → {next} executor pods"),
+                format!(
+                    "queue depth {depth}, running attempts {running}: {replicas} → {next} executor pods"
+                ),
             )
             .await;
             replicas = next;
@@ -450,6 +493,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         ready_replicas: Some(ready_replicas),
         selector: Some(selector),
         queue_depth,
+        running_attempts: running_attempts_now,
         task_def_hash: Some(taskdef::hash(&doc)),
     };
     patch_status(&api, &task, status).await?;
@@ -550,6 +594,7 @@ mod tests {
             resync: Duration::from_secs(60),
             metrics: Arc::new(crate::telemetry::Metrics::new().unwrap()),
             recommendations: Default::default(),
+            pods_http: reqwest::Client::new(),
         })
     }
 

@@ -286,6 +286,10 @@ fn run(
             resync: std::time::Duration::from_secs(resync.max(1)),
             metrics: metrics.clone(),
             recommendations: Default::default(),
+            pods_http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(1))
+                .build()
+                .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
         };
         metrics
             .ready

@@ -1,7 +1,8 @@
-//! `/metrics`, `/healthz` and `/readyz`.
+//! `/metrics`, `/healthz`, `/readyz` and `/slots`.
 //!
 //! Ready means: the TaskDef was found, a runner is connected and the sidecar is not stopping.
-//! Health only says the process serves requests.
+//! Health only says the process serves requests. `/slots` tells the operator how many attempts
+//! run here, for scaling on queued plus running work (ADR 0009).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +48,15 @@ async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
     }
 }
 
+/// `{"slots": N, "busy": M, "stopping": bool}`.
+async fn slots(State(s): State<Shared>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({
+        "slots": s.metrics.slots.get(),
+        "busy": s.metrics.slots_busy.get(),
+        "stopping": *s.stopping.borrow(),
+    }))
+}
+
 /// Bind and serve in the background; returns the bound address (useful with port 0).
 pub async fn serve(
     addr: SocketAddr,
@@ -60,6 +70,7 @@ pub async fn serve(
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/slots", get(slots))
         .with_state(Shared {
             metrics,
             hub,
