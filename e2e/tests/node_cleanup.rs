@@ -110,7 +110,18 @@ fn a_killed_owner_leaves_nothing_of_the_node_behind() {
     if perago_e2e::node_opted_out("a_killed_owner_leaves_nothing_of_the_node_behind") {
         return;
     }
+    // The machine as no node left it: taken while holding the node lock, so that no other
+    // run's node is half up or half cleaned meanwhile.
+    let lock = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/perago-e2e-node.lock")
+        .unwrap();
+    let free = wait_for(Duration::from_secs(600), || lock.try_lock().ok());
+    assert!(free.is_some(), "another node held the lock for 10 minutes");
     let before = machine_state();
+    lock.unlock().unwrap();
     let support::Up {
         child: mut up,
         state,
@@ -160,7 +171,6 @@ fn a_killed_owner_leaves_nothing_of_the_node_behind() {
     up.kill().unwrap();
     up.wait().unwrap();
     let killed = Instant::now();
-    let lock = std::fs::File::open("/run/perago-e2e-node.lock").unwrap();
     let released = wait_for(Duration::from_secs(90), || lock.try_lock().ok());
     assert!(
         released.is_some(),

@@ -1185,3 +1185,146 @@ async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
     );
     assert!(!scaled.contains("running attempts 1: 1 → 0"), "{scaled:?}");
 }
+
+/// Scale-in removes idle pods first: before lowering replicas the operator gives each pod a
+/// deletion cost of its busy slots, and the ReplicaSet keeps the pod whose attempt still runs.
+#[tokio::test]
+async fn a_scale_in_removes_idle_pods_and_keeps_the_busy_one() {
+    let Some((services, cluster)) =
+        cluster("a_scale_in_removes_idle_pods_and_keeps_the_busy_one").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-idle-first", "mixed");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task_with(
+            namespace,
+            name,
+            r#"if grep -q '"n": *1' "$PERAGO_PARAMS"; then sleep 40; else sleep 8; fi
+               printf '{"files": 0}' > "$PERAGO_RESULT""#,
+            &json!({
+                "workspace": {"readOnly": true},
+                "executor": {"autoscaling": {
+                    "minReplicas": 0, "maxReplicas": 3, "targetQueueDepth": 1,
+                    "scaleDownStabilizationSeconds": 2,
+                }},
+            }),
+        ))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (_, repository, input_ref) = seeded(services, "pods-idle-first").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("perago.io/task={name}");
+    let live = || async {
+        pods.list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect::<Vec<_>>()
+    };
+    let worker_of = |wf: &serde_json::Value| {
+        wf["tasks"][0]["workerId"]
+            .as_str()
+            .filter(|w| !w.is_empty())
+            .map(str::to_owned)
+    };
+    let rounds = 3;
+    let mut kept = 0;
+    for round in 0..rounds {
+        // One long attempt and two short ones: once the short ones end, their pods are idle.
+        let long = start_step(
+            &conductor,
+            namespace,
+            name,
+            &format!("long-{round}"),
+            &repository,
+            &input_ref,
+            1,
+        )
+        .await;
+        let mut shorts = Vec::new();
+        for i in 0..2 {
+            let case = format!("short-{round}-{i}");
+            shorts.push(
+                start_step(
+                    &conductor,
+                    namespace,
+                    name,
+                    &case,
+                    &repository,
+                    &input_ref,
+                    2,
+                )
+                .await,
+            );
+        }
+        let started = std::time::Instant::now();
+        let mut workers = std::collections::BTreeSet::new();
+        for id in &shorts {
+            let done = conductor.finished(id).await;
+            assert_eq!(done["status"], "COMPLETED", "{done}");
+            workers.extend(worker_of(&done));
+        }
+        let worker = worker_of(&conductor.workflow(&long).await).expect("the long attempt runs");
+        workers.insert(worker.clone());
+        // The scale-in happens while the long attempt runs.
+        let left = loop {
+            let names = live().await;
+            if names.len() == 1 {
+                break names;
+            }
+            if conductor.workflow(&long).await["status"] != "RUNNING" {
+                let events = cluster
+                    .kubectl(&["get", "events", "-n", namespace, "--sort-by=.lastTimestamp", "-o", "custom-columns=T:.lastTimestamp,R:.reason,O:.involvedObject.name,M:.message"])
+                    .unwrap_or_default();
+                panic!(
+                    "round {round}: the long attempt (on {worker}) ended before the scale-in ({names:?}); workers {workers:?}\n{events}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let busy_kept = worker.contains(&left[0]);
+        kept += usize::from(busy_kept);
+        eprintln!(
+            "round {round}: {} pods ran the 3 attempts; scaled in to {left:?} {:.1?} after the start",
+            workers.len(),
+            started.elapsed()
+        );
+        assert!(
+            busy_kept,
+            "round {round}: kept {left:?}, the long attempt runs on {worker}"
+        );
+        let finished = conductor.finished(&long).await;
+        assert_eq!(finished["status"], "COMPLETED", "{finished}");
+        assert_eq!(
+            finished["tasks"].as_array().unwrap().len(),
+            1,
+            "one attempt: {finished}"
+        );
+        // Back to zero, terminating pods gone too: one still draining would take the next
+        // round's work (it polls until its body container stops, and finishes what it took).
+        let back = std::time::Instant::now();
+        while !pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+        {
+            assert!(
+                back.elapsed() < Duration::from_secs(90),
+                "never back to zero"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    eprintln!(
+        "scale-in with one busy pod among idle ones: the busy pod kept in {kept} of {rounds} rounds"
+    );
+}

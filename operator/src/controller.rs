@@ -44,39 +44,74 @@ pub struct Context {
     pub pods_http: reqwest::Client,
 }
 
-/// Attempts running in the task's pods: the busy slots each sidecar reports on `/slots`
-/// (ADR 0009). A running pod that does not answer counts as fully busy, so that a slow or
-/// unreachable sidecar never makes the operator remove pods that may be working.
-async fn running_attempts(
+/// A running executor pod and the attempts it runs.
+struct BusyPod {
+    name: String,
+    busy: i64,
+    /// Its `controller.kubernetes.io/pod-deletion-cost` now.
+    cost: Option<String>,
+}
+
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
+/// running pod that does not answer counts as fully busy, so that a slow or unreachable
+/// sidecar never makes the operator remove pods that may be working.
+async fn busy_pods(
     ctx: &Context,
     task: &PeragoTask,
     ns: &str,
     selector: &str,
-) -> Result<i64, Error> {
+) -> Result<Vec<BusyPod>, Error> {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .list(&ListParams::default().labels(selector))
         .await?;
     let slots = i64::from(task.spec.executor.slots);
-    let asks = pods.items.iter().filter_map(|pod| {
+    let running = pods.items.iter().filter_map(|pod| {
         let status = pod.status.as_ref()?;
-        (status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none())
-            .then_some(status.pod_ip.clone()?)
+        let running =
+            status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
+        running.then_some((pod, status.pod_ip.clone()?))
     });
-    let answers = futures_util::future::join_all(asks.map(|ip| async move {
+    Ok(futures_util::future::join_all(running.map(|(pod, ip)| async move {
         let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
         let answer = async {
-            ctx.pods_http.get(&url).send().await?.error_for_status()?.json::<serde_json::Value>().await
+            let response = ctx.pods_http.get(&url).send().await?;
+            response.error_for_status()?.json::<serde_json::Value>().await
         };
-        match answer.await {
+        let busy = match answer.await {
             Ok(v) => v["busy"].as_i64().unwrap_or(slots),
             Err(e) => {
                 tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
                 slots
             }
+        };
+        BusyPod {
+            name: pod.name_any(),
+            busy,
+            cost: pod.annotations().get(DELETION_COST).cloned(),
         }
     }))
-    .await;
-    Ok(answers.into_iter().sum())
+    .await)
+}
+
+/// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
+/// idle pods first and busy ones only when no idle one is left.
+async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    for pod in pods {
+        let cost = pod.busy.to_string();
+        if pod.cost.as_deref() == Some(cost.as_str()) {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+        if let Err(e) = api
+            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed");
+        }
+    }
 }
 
 /// `ceil(depth / target)` clamped to `[min, max]`.
@@ -342,7 +377,8 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
         };
         queue_depth = Some(depth);
-        let running = running_attempts(ctx, &task, &ns, &selector).await?;
+        let pods = busy_pods(ctx, &task, &ns, &selector).await?;
+        let running: i64 = pods.iter().map(|p| p.busy).sum();
         running_attempts_now = Some(running);
         let wanted = recommended(depth + running, auto);
         let window =
@@ -355,6 +391,9 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             let history = all.entry(format!("{ns}/{}", task.name_any())).or_default();
             stabilised(history, std::time::Instant::now(), window, replicas, wanted)
         };
+        if next < replicas {
+            mark_deletion_costs(ctx, &ns, &pods).await;
+        }
         if next != replicas {
             api.patch_scale(
                 &task.name_any(),
