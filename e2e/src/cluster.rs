@@ -18,6 +18,8 @@ pub const OPERATOR_NAMESPACE: &str = "perago-system";
 pub const RELEASE: &str = "perago";
 /// The operator's Deployment, as the chart names it.
 pub const OPERATOR_DEPLOYMENT: &str = "perago-operator";
+/// The operator's ValidatingWebhookConfiguration, as the chart names it.
+pub const WEBHOOK_CONFIGURATION: &str = "perago-operator";
 /// The Secret with the lakeFS key in each task namespace.
 pub const LAKEFS_SECRET: &str = "lakefs-credentials";
 
@@ -112,6 +114,38 @@ impl Cluster {
             &format!("peragotask/{name}"),
             "--timeout=120s",
         ])
+    }
+
+    /// Apply `manifests` as if they were stored before the admission webhook existed: its
+    /// configuration is set aside meanwhile and restored (with its `caBundle`) afterwards.
+    pub fn apply_without_webhook(&self, manifests: &[String]) -> Result<()> {
+        let saved = self.kubectl(&[
+            "get",
+            "validatingwebhookconfiguration",
+            WEBHOOK_CONFIGURATION,
+            "-o",
+            "json",
+        ])?;
+        let mut saved: serde_json::Value = serde_json::from_str(&saved)?;
+        if let Some(metadata) = saved["metadata"].as_object_mut() {
+            for field in [
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "managedFields",
+                "generation",
+            ] {
+                metadata.remove(field);
+            }
+        }
+        self.kubectl(&[
+            "delete",
+            "validatingwebhookconfiguration",
+            WEBHOOK_CONFIGURATION,
+        ])?;
+        let applied: Result<Vec<String>> = manifests.iter().map(|m| self.apply(m)).collect();
+        self.apply(&saved.to_string())?;
+        applied.map(|_| ())
     }
 
     /// A namespace enforcing Pod Security `restricted`, as production namespaces should.

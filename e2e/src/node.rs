@@ -6,7 +6,7 @@
 //! The bridge, the iptables chains, the sysctls and the `kubepods` cgroups are machine-wide,
 //! so there is one node per machine at a time: [`claim_machine`] takes a lock that
 //! `e2e/bin/node-janitor` holds until it has undone everything the node did, however its owner
-//! exits. See `docs/testing.md` for the pieces and what each unusual setting is for.
+//! exits. ADR 0007 says why it is built this way; each unusual setting says why beside it.
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};

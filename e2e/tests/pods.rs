@@ -993,42 +993,13 @@ async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
             "Failed",
         ),
     ];
-    // The admission webhook refuses the invalid one; it plays an object stored before the
-    // webhook existed, so the configuration is set aside while it is applied (the other
-    // tasks of this binary are valid: nothing they apply meanwhile needs the webhook).
-    let configuration = cluster
-        .kubectl(&[
-            "get",
-            "validatingwebhookconfiguration",
-            "perago-operator",
-            "-o",
-            "json",
-        ])
-        .unwrap();
-    cluster
-        .kubectl(&[
-            "delete",
-            "validatingwebhookconfiguration",
-            "perago-operator",
-        ])
-        .unwrap();
-    for (name, spec, _) in &cases {
-        cluster
-            .apply(&workspace_task_with(namespace, name, PUBLISH_BODY, spec))
-            .unwrap();
-    }
-    let mut configuration: serde_json::Value = serde_json::from_str(&configuration).unwrap();
-    let metadata = configuration["metadata"].as_object_mut().unwrap();
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-        "generation",
-    ] {
-        metadata.remove(field);
-    }
-    cluster.apply(&configuration.to_string()).unwrap();
+    // The admission webhook refuses the invalid one: it plays an object stored before the
+    // webhook existed (the other tasks this binary applies meanwhile are valid).
+    let manifests: Vec<String> = cases
+        .iter()
+        .map(|(name, spec, _)| workspace_task_with(namespace, name, PUBLISH_BODY, spec))
+        .collect();
+    cluster.apply_without_webhook(&manifests).unwrap();
     let client = services.kube().client().await.unwrap();
     ready_condition(&client, namespace, "ready", &["Available"]).await;
     ready_condition(

@@ -176,42 +176,12 @@ async fn the_webhook_refuses_what_the_check_refuses() {
 
     // Stored before the webhook existed: the operator still reconciles it to Stalled (its
     // finalizer update keeps the spec, so the webhook lets it through), and it can be deleted.
-    let configuration = cluster
-        .kubectl(&[
-            "get",
-            "validatingwebhookconfiguration",
-            "perago-operator",
-            "-o",
-            "json",
-        ])
-        .unwrap();
-    cluster
-        .kubectl(&[
-            "delete",
-            "validatingwebhookconfiguration",
-            "perago-operator",
-        ])
-        .unwrap();
     let mut old = cases::base();
     cases::set(&mut old, "metadata.name", "from-before".into());
     cases::set(&mut old, "spec.taskName", "admission.before".into());
     cases::set(&mut old, "spec.controls.retry.count", 7.into());
     cases::set(&mut old, "spec.workspace.pre.0.path", "../outside".into());
-    apply(&cluster, &[], &old).unwrap();
-    let mut configuration: serde_json::Value = serde_json::from_str(&configuration).unwrap();
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-        "generation",
-    ] {
-        configuration["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove(field);
-    }
-    cluster.apply(&configuration.to_string()).unwrap();
+    cluster.apply_without_webhook(&[manifest(&old)]).unwrap();
     let stalled = cluster.kubectl(&[
         "wait",
         "-n",

@@ -345,7 +345,12 @@ async fn autoscaling_follows_the_queue_depth_with_a_scale_down_window() {
         live.spec.executor.replicas, 3,
         "through the /scale subresource"
     );
-    assert_eq!(live.status.unwrap().queue_depth, Some(5));
+    // The status is written at the end of the reconcile that scaled the Deployment.
+    eventually("the status shows the queue", || async {
+        let status = tasks.get("scaled").await.ok()?.status?;
+        (status.queue_depth == Some(5) && status.running_attempts == Some(0)).then_some(())
+    })
+    .await;
 
     // Drain the queue (a worker takes every task): back to the minimum after the window.
     for _ in 0..5 {
