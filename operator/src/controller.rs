@@ -95,23 +95,29 @@ async fn busy_pods(
     .await)
 }
 
+/// How long a scale-in waits after the pods' deletion costs changed.
+const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
+
 /// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
-/// idle pods first and busy ones only when no idle one is left.
-async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) {
+/// idle pods first and busy ones only when no idle one is left. Returns how many changed.
+async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) -> usize {
     let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let mut changed = 0;
     for pod in pods {
         let cost = pod.busy.to_string();
         if pod.cost.as_deref() == Some(cost.as_str()) {
             continue;
         }
         let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
-        if let Err(e) = api
+        match api
             .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed");
+            Ok(_) => changed += 1,
+            Err(e) => warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed"),
         }
     }
+    changed
 }
 
 /// `ceil(depth / target)` clamped to `[min, max]`.
@@ -371,6 +377,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let mut replicas = task.spec.executor.replicas;
     let mut queue_depth = old.queue_depth;
     let mut running_attempts_now = old.running_attempts;
+    let mut scale_in_deferred = false;
     if let Some(auto) = &task.spec.executor.autoscaling {
         let depth = match ctx.conductor.queue_depth(&base, name).await {
             Ok(depth) => depth,
@@ -391,10 +398,12 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             let history = all.entry(format!("{ns}/{}", task.name_any())).or_default();
             stabilised(history, std::time::Instant::now(), window, replicas, wanted)
         };
-        if next < replicas {
-            mark_deletion_costs(ctx, &ns, &pods).await;
-        }
-        if next != replicas {
+        // Costs first, the scale-in on a later pass: the ReplicaSet controller picks victims
+        // from its own cache of pods, which must already hold the new costs.
+        let deferred = next < replicas && mark_deletion_costs(ctx, &ns, &pods).await > 0;
+        if deferred {
+            scale_in_deferred = true;
+        } else if next != replicas {
             api.patch_scale(
                 &task.name_any(),
                 &PatchParams::default(),
@@ -536,7 +545,9 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         task_def_hash: Some(taskdef::hash(&doc)),
     };
     patch_status(&api, &task, status).await?;
-    Ok(Action::requeue(if rolled_out {
+    Ok(Action::requeue(if scale_in_deferred {
+        SCALE_IN_AFTER_COSTS
+    } else if rolled_out {
         ctx.resync
     } else {
         ctx.resync.min(Duration::from_secs(15))
