@@ -462,7 +462,15 @@ impl Services {
             .tempdir()?;
         let path = dir.path();
         let (machine, janitor) = match (selection.node, keep) {
-            (true, _) => (Some(crate::node::claim_machine(path)?), None),
+            // Waiting for another run's node blocks: off the async runtime's threads.
+            (true, _) => {
+                let owned = path.to_owned();
+                let machine =
+                    tokio::task::spawn_blocking(move || crate::node::claim_machine(&owned))
+                        .await
+                        .context("claiming the machine for the node")??;
+                (Some(machine), None)
+            }
             (false, true) => (None, None),
             (false, false) => (None, Some(crate::process::remove_after_exit(path)?)),
         };

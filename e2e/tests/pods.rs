@@ -127,6 +127,30 @@ async fn start_step(
         .await
 }
 
+/// A read-only task autoscaled from zero to `max` pods (one work item per pod, a `window`
+/// second scale-down window) in a restricted namespace of its own, once Ready.
+fn autoscaled_task(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    script: &str,
+    max: i32,
+    window: i32,
+) {
+    cluster.task_namespace(namespace).unwrap();
+    let spec = json!({
+        "workspace": {"readOnly": true},
+        "executor": {"autoscaling": {
+            "minReplicas": 0, "maxReplicas": max, "targetQueueDepth": 1,
+            "scaleDownStabilizationSeconds": window,
+        }},
+    });
+    cluster
+        .apply(&workspace_task_with(namespace, name, script, &spec))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+}
+
 /// The task's one pod, once it exists.
 async fn task_pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -865,22 +889,14 @@ async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
         return;
     };
     let (namespace, name) = ("pods-autoscale", "burst");
-    cluster.task_namespace(namespace).unwrap();
-    cluster
-        .apply(&workspace_task_with(
-            namespace,
-            name,
-            "sleep 2; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
-            &json!({
-                "workspace": {"readOnly": true},
-                "executor": {"autoscaling": {
-                    "minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1,
-                    "scaleDownStabilizationSeconds": 5,
-                }},
-            }),
-        ))
-        .unwrap();
-    cluster.wait_ready(namespace, name).unwrap();
+    autoscaled_task(
+        cluster,
+        namespace,
+        name,
+        "sleep 2; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
+        2,
+        5,
+    );
     let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let selector = format!("perago.io/task={name}");
@@ -1080,22 +1096,14 @@ async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
         return;
     };
     let (namespace, name) = ("pods-running", "long");
-    cluster.task_namespace(namespace).unwrap();
-    cluster
-        .apply(&workspace_task_with(
-            namespace,
-            name,
-            "echo \"body started $PERAGO_EXECUTION_ID\"; sleep 25; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
-            &json!({
-                "workspace": {"readOnly": true},
-                "executor": {"autoscaling": {
-                    "minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1,
-                    "scaleDownStabilizationSeconds": 2,
-                }},
-            }),
-        ))
-        .unwrap();
-    cluster.wait_ready(namespace, name).unwrap();
+    autoscaled_task(
+        cluster,
+        namespace,
+        name,
+        "echo \"body started $PERAGO_EXECUTION_ID\"; sleep 25; printf '{\"files\": 0}' > \"$PERAGO_RESULT\"",
+        2,
+        2,
+    );
     let (_, repository, input_ref) = seeded(services, "pods-running").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let workflow = start_step(
@@ -1167,23 +1175,15 @@ async fn a_scale_in_removes_idle_pods_and_keeps_the_busy_one() {
         return;
     };
     let (namespace, name) = ("pods-idle-first", "mixed");
-    cluster.task_namespace(namespace).unwrap();
-    cluster
-        .apply(&workspace_task_with(
-            namespace,
-            name,
-            r#"if grep -q '"n": *1' "$PERAGO_PARAMS"; then sleep 40; else sleep 8; fi
+    autoscaled_task(
+        cluster,
+        namespace,
+        name,
+        r#"if grep -q '"n": *1' "$PERAGO_PARAMS"; then sleep 40; else sleep 8; fi
                printf '{"files": 0}' > "$PERAGO_RESULT""#,
-            &json!({
-                "workspace": {"readOnly": true},
-                "executor": {"autoscaling": {
-                    "minReplicas": 0, "maxReplicas": 3, "targetQueueDepth": 1,
-                    "scaleDownStabilizationSeconds": 2,
-                }},
-            }),
-        ))
-        .unwrap();
-    cluster.wait_ready(namespace, name).unwrap();
+        3,
+        2,
+    );
     let (_, repository, input_ref) = seeded(services, "pods-idle-first").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let client = services.kube().client().await.unwrap();
