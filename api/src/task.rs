@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
     EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -576,12 +576,27 @@ pub struct PeragoTaskStatus {
     /// Scheduled tasks waiting in Conductor's queue for this task type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_depth: Option<i64>,
-    /// Attempts running in the task's executor pods (their busy slots), for autoscaled tasks.
+    /// Attempts running in the task's executor pods (their busy slots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_attempts: Option<i64>,
+    /// The operator's last change of an autoscaled task's replicas, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale: Option<ScaleDecision>,
     /// SHA-256 of the TaskDef document registered in Conductor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_def_hash: Option<String>,
+}
+
+/// One change of replicas by the operator's autoscaling.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleDecision {
+    /// When the operator changed the replicas (microseconds).
+    pub time: MicroTime,
+    pub from: i32,
+    pub to: i32,
+    /// The figures behind it, e.g. `3 queued + 1 running at 2 per pod: 2 pods`.
+    pub reason: String,
 }
 
 /// The CustomResourceDefinition as YAML, as committed under `crds/`.

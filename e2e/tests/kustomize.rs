@@ -172,6 +172,22 @@ async fn kubectl_apply_k_installs_the_operator_and_the_examples() {
     .await;
     assert_eq!(names.split(' ').count(), 4, "{names}");
 
+    // The HPA example scales one of them through its /scale subresource.
+    let out = must(&[
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-n",
+        "data-pipelines",
+        "-f",
+        "deploy/examples/scalers/hpa-external-metrics.yaml",
+    ])
+    .await;
+    assert!(
+        out.contains("horizontalpodautoscaler.autoscaling/features-build serverside-applied"),
+        "{out}"
+    );
+
     // A manifest the CRD's rules refuse is refused by `apply -k` too, with the rule's message.
     let (ok, _, err) = kubectl(&[
         "apply",

@@ -1,5 +1,5 @@
 //! The Conductor metadata calls of the operator: read, create, update and delete a TaskDef,
-//! and the queue depth. Every call has a timeout; errors name the call and the task. With an
+//! and the queue sizes. Every call has a timeout; errors name the call and the task. With an
 //! Orkes application key, each Conductor's token is fetched once and refreshed on HTTP 401.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ pub struct MetadataClient {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("Conductor {call} of TaskDef '{task}' failed: {detail}")]
+#[error("Conductor {call}{} failed: {detail}", of_task_def(.task))]
 pub struct MetadataError {
     pub call: &'static str,
     pub task: String,
@@ -218,7 +218,35 @@ impl MetadataClient {
     }
 }
 
+fn of_task_def(task: &str) -> String {
+    if task.is_empty() {
+        String::new()
+    } else {
+        format!(" of TaskDef '{task}'")
+    }
+}
+
 impl MetadataClient {
+    /// The size of every queue of this Conductor in one call (`GET /tasks/queue/all`): queue
+    /// name (the task type, or `domain:type`) to scheduled tasks. A queue that never held a
+    /// message is absent: its size is 0.
+    pub async fn queue_sizes(&self, base: &str) -> Result<HashMap<String, i64>, MetadataError> {
+        const CALL: &str = "queue sizes";
+        let url = format!("{}/tasks/queue/all", base.trim_end_matches('/'));
+        let (status, text) = self.send(CALL, "", base, self.http.get(url)).await?;
+        if !status.is_success() {
+            return Err(Self::failed(CALL, "", status, &text));
+        }
+        serde_json::from_str(&text).map_err(|e| MetadataError {
+            call: CALL,
+            task: String::new(),
+            detail: format!(
+                "not a map of queue sizes ({e}): {}",
+                text.chars().take(100).collect::<String>()
+            ),
+        })
+    }
+
     /// Scheduled tasks waiting in the queue of a task type (in-flight ones are not counted).
     pub async fn queue_depth(&self, base: &str, name: &str) -> Result<i64, MetadataError> {
         let url = format!("{}/tasks/queue/size", base.trim_end_matches('/'));

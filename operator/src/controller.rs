@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -18,11 +18,12 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use perago_api::task::DeletionPolicy;
+use perago_api::task::{DeletionPolicy, ScaleDecision};
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
 use crate::conductor::{MetadataClient, holds};
 use crate::render::{self, Defaults, TASK_LABEL};
+use crate::scaling;
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
@@ -42,114 +43,8 @@ pub struct Context {
         std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
     pub pods_http: reqwest::Client,
-}
-
-/// A running executor pod and the attempts it runs.
-struct BusyPod {
-    name: String,
-    busy: i64,
-    /// Its `controller.kubernetes.io/pod-deletion-cost` now.
-    cost: Option<String>,
-}
-
-const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
-/// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
-/// running pod that does not answer counts as fully busy, so that a slow or unreachable
-/// sidecar never makes the operator remove pods that may be working.
-async fn busy_pods(
-    ctx: &Context,
-    task: &PeragoTask,
-    ns: &str,
-    selector: &str,
-) -> Result<Vec<BusyPod>, Error> {
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
-        .await?;
-    let slots = i64::from(task.spec.executor.slots);
-    let running = pods.items.iter().filter_map(|pod| {
-        let status = pod.status.as_ref()?;
-        let running =
-            status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
-        running.then_some((pod, status.pod_ip.clone()?))
-    });
-    Ok(futures_util::future::join_all(running.map(|(pod, ip)| async move {
-        let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
-        let answer = async {
-            let response = ctx.pods_http.get(&url).send().await?;
-            response.error_for_status()?.json::<serde_json::Value>().await
-        };
-        let busy = match answer.await {
-            Ok(v) => v["busy"].as_i64().unwrap_or(slots),
-            Err(e) => {
-                tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
-                slots
-            }
-        };
-        BusyPod {
-            name: pod.name_any(),
-            busy,
-            cost: pod.annotations().get(DELETION_COST).cloned(),
-        }
-    }))
-    .await)
-}
-
-/// How long a scale-in waits after the pods' deletion costs changed.
-const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
-
-/// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
-/// idle pods first and busy ones only when no idle one is left. Returns how many changed.
-async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) -> usize {
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
-    let mut changed = 0;
-    for pod in pods {
-        let cost = pod.busy.to_string();
-        if pod.cost.as_deref() == Some(cost.as_str()) {
-            continue;
-        }
-        let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
-        match api
-            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => changed += 1,
-            Err(e) => warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed"),
-        }
-    }
-    changed
-}
-
-/// `ceil(depth / target)` clamped to `[min, max]`.
-pub fn recommended(depth: i64, spec: &perago_api::task::AutoscalingSpec) -> i32 {
-    let target = i64::from(spec.target_queue_depth.max(1));
-    let wanted = (depth.max(0) + target - 1) / target;
-    i32::try_from(wanted)
-        .unwrap_or(i32::MAX)
-        .clamp(spec.min_replicas, spec.max_replicas.max(spec.min_replicas))
-}
-
-/// Scale up at once; scale down only to the highest recommendation of the stabilisation
-/// window (as the HPA does), so a queue that drains for a moment does not remove pods.
-pub fn stabilised(
-    history: &mut Vec<(std::time::Instant, i32)>,
-    now: std::time::Instant,
-    window: Duration,
-    current: i32,
-    wanted: i32,
-) -> i32 {
-    history.retain(|(at, _)| now.duration_since(*at) <= window);
-    history.push((now, wanted));
-    if wanted >= current {
-        wanted
-    } else {
-        history
-            .iter()
-            .map(|(_, r)| *r)
-            .max()
-            .unwrap_or(wanted)
-            .min(current)
-    }
+    /// Queue sizes of every Conductor, read every few seconds.
+    pub queues: crate::scaling::QueueWatch,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,7 +114,7 @@ async fn publish_event(
     }
 }
 
-fn conductor_url(task: &PeragoTask, ctx: &Context) -> String {
+pub(crate) fn conductor_url(task: &PeragoTask, ctx: &Context) -> String {
     task.spec
         .conductor
         .as_ref()
@@ -373,21 +268,20 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         return Err(conductor_unavailable(&api, &task, ctx, &old, e).await);
     }
 
+    // The work: queued in Conductor and running in the task's pods.
+    let queued = match scaling::queued(ctx, &base, name).await {
+        Ok(queued) => queued,
+        Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
+    };
+    let pods = scaling::busy_pods(ctx, &task, &ns, &selector).await?;
+    let running: i64 = pods.iter().map(|p| p.busy).sum();
+
     // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
     let mut replicas = task.spec.executor.replicas;
-    let mut queue_depth = old.queue_depth;
-    let mut running_attempts_now = old.running_attempts;
+    let mut last_scale = old.last_scale.clone();
     let mut scale_in_deferred = false;
     if let Some(auto) = &task.spec.executor.autoscaling {
-        let depth = match ctx.conductor.queue_depth(&base, name).await {
-            Ok(depth) => depth,
-            Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
-        };
-        queue_depth = Some(depth);
-        let pods = busy_pods(ctx, &task, &ns, &selector).await?;
-        let running: i64 = pods.iter().map(|p| p.busy).sum();
-        running_attempts_now = Some(running);
-        let wanted = recommended(depth + running, auto);
+        let wanted = scaling::recommended(queued + running, auto);
         let window =
             Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
         let next = {
@@ -396,11 +290,11 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let history = all.entry(format!("{ns}/{}", task.name_any())).or_default();
-            stabilised(history, std::time::Instant::now(), window, replicas, wanted)
+            scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
         };
         // Costs first, the scale-in on a later pass: the ReplicaSet controller picks victims
         // from its own cache of pods, which must already hold the new costs.
-        let deferred = next < replicas && mark_deletion_costs(ctx, &ns, &pods).await > 0;
+        let deferred = next < replicas && scaling::mark_deletion_costs(ctx, &ns, &pods).await > 0;
         if deferred {
             scale_in_deferred = true;
         } else if next != replicas {
@@ -410,26 +304,28 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
                 &Patch::Merge(json!({"spec": {"replicas": next}})),
             )
             .await?;
-            info!(
-                queue_depth = depth,
-                running,
-                from = replicas,
-                to = next,
-                "scaled the executor"
-            );
+            let reason = scaling::reason(queued, running, auto, next);
+            info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
             publish_event(
                 ctx,
                 &task,
                 EventType::Normal,
                 "Scaled",
-                format!(
-                    "queue depth {depth}, running attempts {running}: {replicas} → {next} executor pods"
-                ),
+                format!("{replicas} → {next} executor pods: {reason}"),
             )
             .await;
+            last_scale = Some(ScaleDecision {
+                time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+                from: replicas,
+                to: next,
+                reason,
+            });
             replicas = next;
         }
     }
+    ctx.metrics.task_queued(&task).set(queued);
+    ctx.metrics.task_running(&task).set(running);
+    ctx.metrics.task_replicas(&task).set(i64::from(replicas));
 
     // The contract and the Deployment.
     let params = PatchParams::apply(MANAGER).force();
@@ -540,13 +436,14 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         replicas: Some(replicas),
         ready_replicas: Some(ready_replicas),
         selector: Some(selector),
-        queue_depth,
-        running_attempts: running_attempts_now,
+        queue_depth: Some(queued),
+        running_attempts: Some(running),
+        last_scale,
         task_def_hash: Some(taskdef::hash(&doc)),
     };
     patch_status(&api, &task, status).await?;
     Ok(Action::requeue(if scale_in_deferred {
-        SCALE_IN_AFTER_COSTS
+        scaling::SCALE_IN_AFTER_COSTS
     } else if rolled_out {
         ctx.resync
     } else {
@@ -555,6 +452,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 }
 
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
+    ctx.metrics.forget_task(&task);
     if task.spec.deletion_policy == DeletionPolicy::Delete {
         ctx.conductor
             .delete(&conductor_url(&task, ctx), &task.spec.task_name)
@@ -597,13 +495,20 @@ pub async fn run(ctx: Context) {
     let tasks: Api<PeragoTask> = Api::all(client.clone());
     let deployments: Api<Deployment> = Api::all(client);
     info!("perago-operator controller started");
-    Controller::new(tasks, watcher::Config::default())
-        .owns(
-            deployments,
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=perago-operator"),
-        )
+    let controller = Controller::new(tasks, watcher::Config::default()).owns(
+        deployments,
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=perago-operator"),
+    );
+    let ctx = Arc::new(ctx);
+    let (wake, woken) = tokio::sync::mpsc::channel(1024);
+    let queue_watch = tokio::spawn(scaling::watch_queues(ctx.clone(), controller.store(), wake));
+    let woken = futures_util::stream::unfold(woken, |mut woken| async move {
+        woken.recv().await.map(|task| (task, woken))
+    });
+    controller
+        .reconcile_on(woken)
         .shutdown_on_signal()
-        .run(reconcile, error_policy, Arc::new(ctx))
+        .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(task = %object.name, "reconciled"),
@@ -611,6 +516,7 @@ pub async fn run(ctx: Context) {
             }
         })
         .await;
+    queue_watch.abort();
 }
 
 pub fn reporter() -> Reporter {
@@ -645,6 +551,7 @@ mod tests {
             metrics: Arc::new(crate::telemetry::Metrics::new().unwrap()),
             recommendations: Default::default(),
             pods_http: reqwest::Client::new(),
+            queues: scaling::QueueWatch::new(None),
         })
     }
 
@@ -768,40 +675,6 @@ spec:
         let mut handle = server.await.unwrap();
         let next = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
         assert!(!matches!(next, Ok(Some(_))), "an unexpected API call");
-    }
-
-    #[test]
-    fn recommendations_and_stabilisation() {
-        use perago_api::task::AutoscalingSpec;
-        let spec = AutoscalingSpec {
-            min_replicas: 0,
-            max_replicas: 5,
-            target_queue_depth: 4,
-            scale_down_stabilization_seconds: 60,
-        };
-        assert_eq!(
-            [0, 1, 4, 5, 400].map(|d| recommended(d, &spec)),
-            [0, 1, 1, 2, 5]
-        );
-        let t0 = std::time::Instant::now();
-        let w = Duration::from_secs(60);
-        let mut h = Vec::new();
-        assert_eq!(stabilised(&mut h, t0, w, 1, 4), 4, "up at once");
-        assert_eq!(
-            stabilised(&mut h, t0 + Duration::from_secs(10), w, 4, 0),
-            4,
-            "down waits"
-        );
-        assert_eq!(stabilised(&mut h, t0 + Duration::from_secs(30), w, 4, 1), 4);
-        assert_eq!(
-            stabilised(&mut h, t0 + Duration::from_secs(65), w, 4, 0),
-            1,
-            "to the window's highest"
-        );
-        assert_eq!(
-            stabilised(&mut h, t0 + Duration::from_secs(100), w, 1, 0),
-            0
-        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod controller;
 mod pods;
 mod reference;
 mod render;
+mod scaling;
 mod telemetry;
 mod webhook;
 
@@ -58,6 +59,11 @@ enum Command {
         /// How often a ready task is checked again, TaskDef drift included (seconds).
         #[arg(long, env = "PERAGO_RESYNC_SECONDS", default_value_t = 60)]
         resync_seconds: u64,
+        /// How often the queues of all task types are read (one Conductor call per Conductor),
+        /// so that an autoscaled task scales up within this many seconds of work arriving; 0
+        /// turns it off (each task's queue is then read at its resync).
+        #[arg(long, env = "PERAGO_QUEUE_POLL_SECONDS", default_value_t = 2)]
+        queue_poll_seconds: u64,
         #[command(flatten)]
         process: ProcessArgs,
         #[command(flatten)]
@@ -241,6 +247,7 @@ fn run(
     defaults: render::Defaults,
     timeout: u64,
     resync: u64,
+    queue_poll: u64,
     process: ProcessArgs,
     credentials: Option<conductor::Credentials>,
     webhook: WebhookArgs,
@@ -290,6 +297,9 @@ fn run(
                 .timeout(std::time::Duration::from_secs(1))
                 .build()
                 .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
+            queues: scaling::QueueWatch::new(
+                (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
+            ),
         };
         metrics
             .ready
@@ -342,6 +352,7 @@ fn main() -> ExitCode {
             defaults,
             conductor_timeout_seconds,
             resync_seconds,
+            queue_poll_seconds,
             process,
             auth,
             webhook,
@@ -350,6 +361,7 @@ fn main() -> ExitCode {
                 defaults.defaults(),
                 conductor_timeout_seconds,
                 resync_seconds,
+                queue_poll_seconds,
                 process,
                 credentials,
                 webhook,

@@ -8,8 +8,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::routing::get;
+use kube::ResourceExt;
+use perago_api::PeragoTask;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -18,6 +21,10 @@ pub struct Metrics {
     pub reconcile_seconds: HistogramVec,
     pub conductor_calls: IntCounterVec,
     pub leader: IntGauge,
+    /// Per PeragoTask (`namespace`, `name`): for KEDA or an HPA on external metrics.
+    task_queued: IntGaugeVec,
+    task_running: IntGaugeVec,
+    task_replicas: IntGaugeVec,
     /// Set once this process leads and runs the controller.
     pub ready: AtomicBool,
     /// False while the admission webhook (when enabled) does not serve yet.
@@ -53,6 +60,24 @@ impl Metrics {
             "perago_operator_leader",
             "1 while this process holds the leader lease.",
         )?;
+        let per_task = |name: &str, help: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &["namespace", "name"])
+        };
+        let task_queued = per_task(
+            "perago_operator_task_queued_attempts",
+            "Scheduled tasks waiting in Conductor's queue for the PeragoTask's task type.",
+        )?;
+        let task_running = per_task(
+            "perago_operator_task_running_attempts",
+            "Attempts running in the PeragoTask's executor pods (their busy slots).",
+        )?;
+        let task_replicas = per_task(
+            "perago_operator_task_replicas",
+            "Executor pods the PeragoTask asks for.",
+        )?;
+        for gauge in [&task_queued, &task_running, &task_replicas] {
+            registry.register(Box::new(gauge.clone()))?;
+        }
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_seconds.clone()))?;
         registry.register(Box::new(conductor_calls.clone()))?;
@@ -63,9 +88,31 @@ impl Metrics {
             reconcile_seconds,
             conductor_calls,
             leader,
+            task_queued,
+            task_running,
+            task_replicas,
             ready: AtomicBool::new(false),
             webhook_ready: AtomicBool::new(true),
         })
+    }
+
+    pub fn task_queued(&self, task: &PeragoTask) -> IntGauge {
+        self.task_queued.with_label_values(&task_labels(task))
+    }
+
+    pub fn task_running(&self, task: &PeragoTask) -> IntGauge {
+        self.task_running.with_label_values(&task_labels(task))
+    }
+
+    pub fn task_replicas(&self, task: &PeragoTask) -> IntGauge {
+        self.task_replicas.with_label_values(&task_labels(task))
+    }
+
+    /// A deleted task's series go with it.
+    pub fn forget_task(&self, task: &PeragoTask) {
+        for gauge in [&self.task_queued, &self.task_running, &self.task_replicas] {
+            let _ = gauge.remove_label_values(&task_labels(task));
+        }
     }
 
     fn render(&self) -> String {
@@ -73,6 +120,10 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
     }
+}
+
+fn task_labels(task: &PeragoTask) -> [String; 2] {
+    [task.namespace().unwrap_or_default(), task.name_any()]
 }
 
 async fn metrics(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {

@@ -4,124 +4,25 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod operator;
+
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use perago_api::{PeragoTask, manifest, taskdef};
+use operator::{eventually, task};
+use perago_api::{PeragoTask, taskdef};
+use perago_e2e::Services;
 use perago_e2e::pod::ConductorApi;
-use perago_e2e::{Selection, Services, shared};
 use serde_json::{Value, json};
 
-async fn services() -> &'static Services {
-    shared(Selection {
-        conductor: true,
-        kube: true,
-        ..Selection::default()
-    })
-    .await
-}
-
-/// The servers, with the CRD installed and the test binary's operator running.
+/// The servers, with the CRD installed and the test binary's operator running (a 1 s resync).
 async fn setup() -> (&'static Services, Client) {
-    let services = services().await;
-    let client = services.kube().client().await.unwrap();
-    install_crd(&client).await;
-    operator(services).await;
-    (services, client)
-}
-
-async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crds/peragotasks.perago.io.yaml"
-    ))
-    .unwrap();
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).unwrap();
-    crds.patch(
-        "peragotasks.perago.io",
-        &PatchParams::apply("perago-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    eventually("the CRD is established", || async {
-        let c = crds.get("peragotasks.perago.io").await.ok()?;
-        c.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
-}
-
-async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// One operator for the whole test binary (two would race for the same objects: the
-/// deployed operator runs one leader). Its log is `operator.log` in the servers' directory.
-static OPERATOR: tokio::sync::OnceCell<perago_e2e::process::ServerProcess> =
-    tokio::sync::OnceCell::const_new();
-
-async fn operator(services: &Services) {
-    OPERATOR
-        .get_or_init(|| async {
-            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_perago-operator"));
-            command
-                .args([
-                    "run",
-                    "--resync-seconds",
-                    "1",
-                    "--conductor-url",
-                    &services.conductor().api_url,
-                ])
-                .env("KUBECONFIG", &services.kube().kubeconfig);
-            perago_e2e::process::ServerProcess::spawn(
-                "perago-operator",
-                &mut command,
-                services.dir().join("operator.log"),
-            )
-            .unwrap()
-        })
-        .await;
-}
-
-fn task(name: &str, task_name: &str, extra: &str) -> PeragoTask {
-    let yaml = format!(
-        r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {{name: {name}, namespace: default}}
-spec:
-  taskName: {task_name}
-  ownerEmail: ops@example.com
-  paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
-  resultSchema: {{type: object, properties: {{ok: {{type: boolean}}}}}}
-  deletionPolicy: Delete
-  executor: {{body: {{image: reg/body:1, command: [/app/run]}}}}
-{extra}"#
-    );
-    manifest::parse(&yaml).unwrap().remove(0).task
+    let services = operator::services().await;
+    operator::start(services, &["--resync-seconds", "1"]).await;
+    (services, services.kube().client().await.unwrap())
 }
 
 fn condition(t: &PeragoTask, type_: &str) -> Option<(String, String, String)> {

@@ -1,0 +1,363 @@
+//! Autoscaling: replicas from queued plus running attempts (ADR 0009), the scale-down window,
+//! idle pods first on a scale-in, and the queue watch that starts pods within seconds of work
+//! arriving instead of at the task's next resync (ADR 0010).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use perago_api::PeragoTask;
+use perago_api::task::AutoscalingSpec;
+
+use crate::conductor::MetadataError;
+use crate::controller::{Context, Error, conductor_url};
+use crate::render;
+
+/// A running executor pod and the attempts it runs.
+pub struct BusyPod {
+    name: String,
+    pub busy: i64,
+    /// Its `controller.kubernetes.io/pod-deletion-cost` now.
+    cost: Option<String>,
+}
+
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// How long a scale-in waits after the pods' deletion costs changed.
+pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
+
+/// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
+/// running pod that does not answer counts as fully busy, so that a slow or unreachable
+/// sidecar never makes the operator remove pods that may be working.
+pub async fn busy_pods(
+    ctx: &Context,
+    task: &PeragoTask,
+    ns: &str,
+    selector: &str,
+) -> Result<Vec<BusyPod>, Error> {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await?;
+    let slots = i64::from(task.spec.executor.slots);
+    let running = pods.items.iter().filter_map(|pod| {
+        let status = pod.status.as_ref()?;
+        let running =
+            status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
+        running.then_some((pod, status.pod_ip.clone()?))
+    });
+    Ok(futures_util::future::join_all(running.map(|(pod, ip)| async move {
+        let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
+        let answer = async {
+            let response = ctx.pods_http.get(&url).send().await?;
+            response.error_for_status()?.json::<serde_json::Value>().await
+        };
+        let busy = match answer.await {
+            Ok(v) => v["busy"].as_i64().unwrap_or(slots),
+            Err(e) => {
+                tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
+                slots
+            }
+        };
+        BusyPod {
+            name: pod.name_any(),
+            busy,
+            cost: pod.annotations().get(DELETION_COST).cloned(),
+        }
+    }))
+    .await)
+}
+
+/// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
+/// idle pods first and busy ones only when no idle one is left. Returns how many changed.
+pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) -> usize {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let mut changed = 0;
+    for pod in pods {
+        let cost = pod.busy.to_string();
+        if pod.cost.as_deref() == Some(cost.as_str()) {
+            continue;
+        }
+        let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+        match api
+            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => changed += 1,
+            Err(e) => warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed"),
+        }
+    }
+    changed
+}
+
+/// `ceil(work / target)` clamped to `[min, max]`.
+pub fn recommended(work: i64, spec: &AutoscalingSpec) -> i32 {
+    i32::try_from(unclamped(work, spec))
+        .unwrap_or(i32::MAX)
+        .clamp(spec.min_replicas, spec.max_replicas.max(spec.min_replicas))
+}
+
+fn unclamped(work: i64, spec: &AutoscalingSpec) -> i64 {
+    let target = i64::from(spec.target_queue_depth.max(1));
+    (work.max(0) + target - 1) / target
+}
+
+/// Scale up at once; scale down only to the highest recommendation of the stabilisation
+/// window (as the HPA does), so a queue that drains for a moment does not remove pods.
+pub fn stabilised(
+    history: &mut Vec<(Instant, i32)>,
+    now: Instant,
+    window: Duration,
+    current: i32,
+    wanted: i32,
+) -> i32 {
+    history.retain(|(at, _)| now.duration_since(*at) <= window);
+    history.push((now, wanted));
+    if wanted >= current {
+        wanted
+    } else {
+        history
+            .iter()
+            .map(|(_, r)| *r)
+            .max()
+            .unwrap_or(wanted)
+            .min(current)
+    }
+}
+
+/// Why `next` pods, in the words of the status and the `Scaled` event.
+pub fn reason(queued: i64, running: i64, spec: &AutoscalingSpec, next: i32) -> String {
+    let raw = unclamped(queued + running, spec);
+    let wanted = recommended(queued + running, spec);
+    let mut text = format!(
+        "{queued} queued + {running} running at {} per pod: {raw} pods",
+        spec.target_queue_depth.max(1)
+    );
+    if i64::from(wanted) != raw {
+        text.push_str(&format!(
+            ", {wanted} within {}..{}",
+            spec.min_replicas,
+            spec.max_replicas.max(spec.min_replicas)
+        ));
+    }
+    if next > wanted {
+        text.push_str(&format!(
+            ", {next} kept by the {} s scale-down window",
+            spec.scale_down_stabilization_seconds
+        ));
+    }
+    text
+}
+
+/// Queue name to size, as Conductor's `/tasks/queue/all` answers, and when it was read.
+type QueueRead = (Instant, HashMap<String, i64>);
+
+/// The latest queue sizes of each Conductor, read by [`watch_queues`] every `period`.
+pub struct QueueWatch {
+    /// `None`: the watch is off, and each reconcile asks for its task's queue.
+    pub period: Option<Duration>,
+    /// Per Conductor base URL.
+    sizes: Mutex<HashMap<String, QueueRead>>,
+}
+
+impl QueueWatch {
+    pub fn new(period: Option<Duration>) -> Self {
+        Self {
+            period,
+            sizes: Mutex::default(),
+        }
+    }
+
+    /// The queue's size from a read no older than two periods.
+    fn fresh(&self, base: &str, queue: &str) -> Option<i64> {
+        let period = self.period?;
+        let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, sizes) = sizes.get(base)?;
+        (at.elapsed() <= 2 * period).then(|| sizes.get(queue).copied().unwrap_or(0))
+    }
+
+    fn record(&self, base: &str, sizes: HashMap<String, i64>) {
+        self.sizes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(base.to_owned(), (Instant::now(), sizes));
+    }
+}
+
+/// Scheduled tasks of the task type: from the queue watch when it read them lately, else from
+/// Conductor.
+pub async fn queued(ctx: &Context, base: &str, task_type: &str) -> Result<i64, MetadataError> {
+    match ctx.queues.fresh(base, task_type) {
+        Some(size) => Ok(size),
+        None => ctx.conductor.queue_depth(base, task_type).await,
+    }
+}
+
+/// Would the work now queued (plus what the task last ran) need more pods than it has?
+fn needs_more_pods(task: &PeragoTask, queued: i64) -> bool {
+    let Some(auto) = &task.spec.executor.autoscaling else {
+        return false;
+    };
+    let running = task
+        .status
+        .as_ref()
+        .and_then(|s| s.running_attempts)
+        .unwrap_or(0);
+    recommended(queued + running, auto) > task.spec.executor.replicas
+}
+
+/// Every `period`, one `GET /tasks/queue/all` per Conductor: keep the figures for the
+/// reconciles and the queued-attempts metric, and wake the reconcile of each autoscaled task
+/// whose queue needs more pods than it has, so that scaling up (from zero above all) waits
+/// for the next tick and not for the task's resync. Scaling down still happens on resync, where
+/// the scale-down window is applied.
+pub async fn watch_queues(
+    ctx: Arc<Context>,
+    tasks: Store<PeragoTask>,
+    wake: mpsc::Sender<ObjectRef<PeragoTask>>,
+) {
+    let Some(period) = ctx.queues.period else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut failing = HashSet::new();
+    loop {
+        ticker.tick().await;
+        let mut by_conductor: BTreeMap<String, Vec<Arc<PeragoTask>>> = BTreeMap::new();
+        for task in tasks.state() {
+            if task.metadata.deletion_timestamp.is_none() {
+                by_conductor
+                    .entry(conductor_url(&task, &ctx))
+                    .or_default()
+                    .push(task);
+            }
+        }
+        let reads = by_conductor.into_iter().map(|(base, tasks)| {
+            let ctx = &ctx;
+            async move { (ctx.conductor.queue_sizes(&base).await, base, tasks) }
+        });
+        for (sizes, base, tasks) in futures_util::future::join_all(reads).await {
+            let sizes = match sizes {
+                Ok(sizes) => sizes,
+                Err(e) => {
+                    if failing.insert(base.clone()) {
+                        warn!(conductor = %base, error = %e, "reading the queue sizes failed; autoscaling waits for each task's resync until it works");
+                    }
+                    continue;
+                }
+            };
+            if failing.remove(&base) {
+                info!(conductor = %base, "reading the queue sizes works again");
+            }
+            for task in &tasks {
+                let queued = sizes.get(&task.spec.task_name).copied().unwrap_or(0);
+                ctx.metrics.task_queued(task).set(queued);
+                if needs_more_pods(task, queued) {
+                    // Full: a wake-up is already pending, and one is enough.
+                    let _ = wake.try_send(ObjectRef::from_obj(&**task));
+                }
+            }
+            ctx.queues.record(&base, sizes);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn spec() -> AutoscalingSpec {
+        AutoscalingSpec {
+            min_replicas: 0,
+            max_replicas: 5,
+            target_queue_depth: 4,
+            scale_down_stabilization_seconds: 60,
+        }
+    }
+
+    #[test]
+    fn recommendations_and_stabilisation() {
+        let spec = spec();
+        assert_eq!(
+            [0, 1, 4, 5, 400].map(|d| recommended(d, &spec)),
+            [0, 1, 1, 2, 5]
+        );
+        let t0 = Instant::now();
+        let w = Duration::from_secs(60);
+        let mut h = Vec::new();
+        assert_eq!(stabilised(&mut h, t0, w, 1, 4), 4, "up at once");
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(10), w, 4, 0),
+            4,
+            "down waits"
+        );
+        assert_eq!(stabilised(&mut h, t0 + Duration::from_secs(30), w, 4, 1), 4);
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(65), w, 4, 0),
+            1,
+            "to the window's highest"
+        );
+        assert_eq!(
+            stabilised(&mut h, t0 + Duration::from_secs(100), w, 1, 0),
+            0
+        );
+    }
+
+    #[test]
+    fn reasons_give_the_figures_the_clamp_and_the_window() {
+        let spec = spec();
+        assert_eq!(
+            reason(3, 2, &spec, 2),
+            "3 queued + 2 running at 4 per pod: 2 pods"
+        );
+        assert_eq!(
+            reason(400, 0, &spec, 5),
+            "400 queued + 0 running at 4 per pod: 100 pods, 5 within 0..5"
+        );
+        assert_eq!(
+            reason(0, 0, &spec, 3),
+            "0 queued + 0 running at 4 per pod: 0 pods, 3 kept by the 60 s scale-down window"
+        );
+    }
+
+    #[test]
+    fn the_watch_wakes_a_task_only_when_it_needs_more_pods() {
+        let yaml = "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {name: t}\nspec:\n  taskName: t\n  ownerEmail: a@b.c\n  paramsSchema: {type: object}\n  resultSchema: {type: object}\n  executor: {body: {image: b, command: [run]}}\n";
+        let mut task = perago_api::manifest::parse(yaml).unwrap().remove(0).task;
+        assert!(!needs_more_pods(&task, 10), "not autoscaled");
+        task.spec.executor.autoscaling = Some(spec());
+        task.spec.executor.replicas = 0;
+        assert!(!needs_more_pods(&task, 0));
+        assert!(needs_more_pods(&task, 1), "from zero");
+        task.spec.executor.replicas = 2;
+        assert!(!needs_more_pods(&task, 8));
+        task.status = Some(perago_api::PeragoTaskStatus {
+            running_attempts: Some(1),
+            ..Default::default()
+        });
+        assert!(needs_more_pods(&task, 8), "8 queued + 1 running need 3");
+        task.spec.executor.replicas = 5;
+        assert!(!needs_more_pods(&task, 400), "at the maximum");
+    }
+
+    #[test]
+    fn fresh_sizes_expire_after_two_periods() {
+        let watch = QueueWatch::new(Some(Duration::from_millis(20)));
+        watch.record("c", HashMap::from([("a".to_owned(), 3)]));
+        assert_eq!(watch.fresh("c", "a"), Some(3));
+        assert_eq!(watch.fresh("c", "b"), Some(0), "absent queue is empty");
+        assert_eq!(watch.fresh("other", "a"), None);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(watch.fresh("c", "a"), None);
+        assert_eq!(QueueWatch::new(None).fresh("c", "a"), None, "watch off");
+    }
+}
