@@ -23,8 +23,9 @@ test: obtain release-binaries
 	$(CARGO) test --workspace --no-fail-fast
 
 ## Benchmarks against the real servers; they print figures and ratios.
-bench: obtain
+bench: obtain release-binaries
 	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
+	$(CARGO) bench -p perago-e2e --bench scaling
 
 ## Regenerate the PeragoTask reference from the CRD (a test fails when it drifts).
 docs:

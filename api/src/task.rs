@@ -328,7 +328,9 @@ pub enum RetryLogic {
 pub struct TimeoutPolicy {
     #[serde(default)]
     pub policy: TimeoutPolicyKind,
-    /// Hard cap per attempt, from the first poll; 0 means none.
+    /// Hard cap per attempt, from the first poll; 0 means none. Without a publish budget it is
+    /// also the drain time a stopping pod gives its running attempts (30 s when 0), and the
+    /// pod's `terminationGracePeriodSeconds` is 15 s more.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub seconds: i64,
@@ -398,7 +400,8 @@ pub struct PublishBudget {
     /// Per-request timeout of the Conductor result update.
     #[schemars(range(min = 1))]
     pub conductor_completion_timeout_seconds: i64,
-    /// Drain time the pod gets on shutdown.
+    /// Drain time a stopping pod gives its running attempts (the sidecar's shutdown grace);
+    /// the pod's `terminationGracePeriodSeconds` is 15 s more, for the last report.
     #[schemars(range(min = 1))]
     pub worker_shutdown_grace_seconds: i64,
     /// Upper bound of the lease-extension interval.

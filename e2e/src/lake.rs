@@ -53,7 +53,8 @@ impl Lake {
                     .json(&body),
             )
             .await?;
-        Ok(serde_json::from_str(&text)?)
+        // Some calls answer plain text (creating a branch gives its ref).
+        Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// A repository whose main holds `files`; returns the seed commit.

@@ -1159,10 +1159,10 @@ async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
         ])
         .unwrap();
     assert!(
-        scaled.contains("running attempts 0: 1 → 0"),
+        scaled.contains("1 → 0 executor pods: 0 queued + 0 running"),
         "went to zero only with nothing running: {scaled:?}"
     );
-    assert!(!scaled.contains("running attempts 1: 1 → 0"), "{scaled:?}");
+    assert!(!scaled.contains("queued + 1 running"), "{scaled:?}");
 }
 
 /// Scale-in removes idle pods first: before lowering replicas the operator gives each pod a
@@ -1297,5 +1297,160 @@ async fn a_scale_in_removes_idle_pods_and_keeps_the_busy_one() {
     }
     eprintln!(
         "scale-in with one busy pod among idle ones: the busy pod kept in {kept} of {rounds} rounds"
+    );
+}
+
+const CHURN_BODY: &str = r#"
+set -eu
+sleep 2
+echo "written by $PERAGO_TASK_ID" > "$PERAGO_WORKSPACE/churn-$PERAGO_WORKFLOW_INSTANCE_ID.txt"
+printf '{"files": 1}' > "$PERAGO_RESULT"
+"#;
+
+/// Many attempts while the Deployment is scaled up and down and rolled out again and again:
+/// every stopping pod finishes, publishes and reports what it runs. Every workflow COMPLETED
+/// with one attempt (none given up, timed out or retried after a killed pod), each branch got
+/// exactly one squash commit from that attempt, and no staging branch is left.
+#[tokio::test]
+async fn attempts_survive_scaling_and_rollouts_without_loss_or_double_publication() {
+    let Some((services, cluster)) =
+        cluster("attempts_survive_scaling_and_rollouts_without_loss_or_double_publication").await
+    else {
+        return;
+    };
+    let workflows_wanted: usize = std::env::var("PERAGO_E2E_CHURN_WORKFLOWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let (namespace, name) = ("pods-churn", "churn");
+    cluster.task_namespace(namespace).unwrap();
+    let spec = json!({
+        "controls": {
+            "retry": {"count": 2, "logic": "FIXED", "delaySeconds": 0},
+            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": 30},
+        },
+        "executor": {"slots": 2, "replicas": 2},
+    });
+    cluster
+        .apply(&workspace_task_with(namespace, name, CHURN_BODY, &spec))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (lake, repository, input_ref) = seeded(services, "pods-churn").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+
+    // One branch per workflow, so that each publication is checked on its own history.
+    let mut workflows = Vec::new();
+    for i in 0..workflows_wanted {
+        let branch = format!("churn-{i:03}");
+        lake.post(
+            &format!("/repositories/{repository}/branches"),
+            json!({"name": branch, "source": input_ref}),
+        )
+        .await
+        .unwrap();
+        let id = conductor
+            .start(
+                &format!("{namespace}.{name}"),
+                &format!("c{i:03}"),
+                json!({
+                    "workspace": {"repository": repository, "branch": branch, "refType": "commit", "ref": input_ref},
+                    "params": {"n": i},
+                }),
+            )
+            .await;
+        workflows.push((id, branch));
+    }
+
+    // Meanwhile: scale between 1 and 4 pods and roll out, one change every 4 s.
+    let started = std::time::Instant::now();
+    let changes = [
+        "scale=4", "rollout", "scale=1", "scale=3", "rollout", "scale=2", "scale=4", "rollout",
+        "scale=1", "rollout",
+    ];
+    let mut done = 0;
+    let mut applied = Vec::new();
+    while done < workflows.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(900),
+            "{done} of {} workflows finished after 15 min",
+            workflows.len()
+        );
+        let change = changes[applied.len() % changes.len()];
+        match change.split_once('=') {
+            Some((_, n)) => cluster.kubectl(&[
+                "scale",
+                "-n",
+                namespace,
+                &format!("peragotask/{name}"),
+                &format!("--replicas={n}"),
+            ]),
+            None => cluster.kubectl(&[
+                "rollout",
+                "restart",
+                "-n",
+                namespace,
+                &format!("deployment/{name}-perago"),
+            ]),
+        }
+        .unwrap();
+        applied.push(change);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        done = 0;
+        for (id, _) in &workflows {
+            let status = conductor.workflow(id).await["status"].clone();
+            done += usize::from(status != "RUNNING");
+        }
+    }
+    let took = started.elapsed();
+
+    let mut workers = std::collections::BTreeSet::new();
+    for (id, branch) in &workflows {
+        let finished = conductor.workflow(id).await;
+        assert_eq!(finished["status"], "COMPLETED", "{finished}");
+        let tasks = finished["tasks"].as_array().unwrap();
+        assert_eq!(
+            tasks.len(),
+            1,
+            "{branch}: one attempt, none lost to a stopping pod: {finished}"
+        );
+        let step = &tasks[0];
+        workers.insert(step["workerId"].as_str().unwrap().to_owned());
+        // Published once: the branch is one squash commit on the input, by this attempt.
+        let log = lake
+            .get(&format!(
+                "/repositories/{repository}/refs/{branch}/commits?amount=3"
+            ))
+            .await
+            .unwrap();
+        let commits = log["results"].as_array().unwrap();
+        assert_eq!(commits[1]["id"], json!(input_ref), "{branch}: {log}");
+        assert_eq!(commits[0]["parents"], json!([input_ref]), "{branch}: {log}");
+        assert_eq!(
+            commits[0]["metadata"]["perago.task_id"], step["taskId"],
+            "{branch}: {log}"
+        );
+        assert_eq!(
+            step["outputData"]["workspace"]["ref"], commits[0]["id"],
+            "{branch}"
+        );
+    }
+    let branches = lake
+        .get(&format!(
+            "/repositories/{repository}/branches?prefix=perago-staging-&amount=1000"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        branches["results"].as_array().unwrap().len(),
+        0,
+        "no staging branch left: {branches}"
+    );
+    eprintln!(
+        "{} workflows COMPLETED with one attempt each in {took:.1?}, published once each, by {} pods, \
+         while {} scale and rollout changes were made ({})",
+        workflows.len(),
+        workers.len(),
+        applied.len(),
+        applied.join(", ")
     );
 }

@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
-use perago_api::PeragoTask;
 use perago_api::contract::TaskContract;
+use perago_api::{PeragoTask, PeragoTaskSpec};
 
 /// Where the shared volume is mounted in both containers.
 pub const WORK_DIR: &str = "/perago-work";
@@ -168,13 +168,17 @@ fn work_mount() -> VolumeMount {
     }
 }
 
-/// Shutdown grace of the sidecar and the pod's termination grace period (seconds): the
-/// budget's grace, else 30 s; the pod gets 15 s more so the sidecar can report.
-pub fn grace_seconds(contract: &TaskContract) -> (i64, i64) {
-    let grace = contract
-        .publish_budget
-        .as_ref()
-        .map_or(30, |b| b.worker_shutdown_grace_seconds);
+/// Shutdown grace of the sidecar and the pod's termination grace period (seconds). The
+/// publish budget's `workerShutdownGraceSeconds` when the task declares one (the seeds' knob);
+/// else the attempt's hard cap `controls.timeout.seconds`, publication included, so that an
+/// attempt that has just started can still finish when its pod is told to stop; 30 s when
+/// neither is set. The pod gets 15 s more so the sidecar can report the last attempt.
+pub fn grace_seconds(spec: &PeragoTaskSpec, contract: &TaskContract) -> (i64, i64) {
+    let grace = match (&contract.publish_budget, spec.controls.timeout.seconds) {
+        (Some(budget), _) => budget.worker_shutdown_grace_seconds,
+        (None, cap) if cap > 0 => cap,
+        (None, _) => 30,
+    };
     (grace, grace + 15)
 }
 
@@ -193,7 +197,7 @@ pub fn deployment(
     let name = task.metadata.name.clone().unwrap_or_default();
     let spec = &task.spec;
     let exec = &spec.executor;
-    let (grace, termination) = grace_seconds(contract);
+    let (grace, termination) = grace_seconds(spec, contract);
 
     let conductor_url = spec
         .conductor
@@ -610,5 +614,25 @@ mod tests {
                 .all(|e| !e.name.starts_with("LAKECTL_"))
         );
         assert_eq!(pod.termination_grace_period_seconds, Some(45));
+    }
+
+    #[test]
+    fn the_drain_grace_comes_from_the_budget_else_the_attempt_cap() {
+        let budget = task(SPEC);
+        let grace = |t: &PeragoTask| grace_seconds(&t.spec, &contract::render(&t.spec).unwrap());
+        assert_eq!(
+            grace(&budget),
+            (60, 75),
+            "the budget's workerShutdownGraceSeconds"
+        );
+        let none = SPEC.replace("  controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}\n", "");
+        assert_eq!(grace(&task(&none)), (30, 45), "no cap, no budget");
+        let capped =
+            format!("{none}  controls: {{timeout: {{seconds: 900, responseSeconds: 60}}}}\n");
+        assert_eq!(
+            grace(&task(&capped)),
+            (900, 915),
+            "an attempt may run its whole cap"
+        );
     }
 }
