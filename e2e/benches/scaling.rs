@@ -114,18 +114,43 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
                 json!({"params": {}}),
             )
             .await;
-        let workflow = conductor.finished(&id).await;
+        // The decision is the scale-up from zero that follows the start; a later scale-in
+        // replaces it in the status, so it is caught while the run goes on.
+        let begun = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let mut decided = None;
+        let workflow = loop {
+            if decided.is_none() {
+                let status = tasks.get(name).await.unwrap().status.unwrap_or_default();
+                decided = status
+                    .last_scale
+                    .filter(|s| s.from == 0 && s.to >= 1)
+                    .map(|s| s.time.0.as_millisecond() as f64 / 1000.0)
+                    .filter(|t| *t >= begun - 1.0);
+            }
+            let workflow = conductor.workflow(&id).await;
+            if decided.is_some() && workflow["status"] != "RUNNING" {
+                break workflow;
+            }
+            assert!(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs_f64()
+                    - begun
+                    < 120.0,
+                "run {run}: no scale-up from zero recorded, or no end: {workflow}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(workflow["status"], "COMPLETED", "{workflow}");
         let step = &workflow["tasks"][0];
         let scheduled = millis(&step["scheduledTime"]);
         let polled = millis(&step["startTime"]);
         let ended = millis(&step["endTime"]);
-        let scale = tasks.get(name).await.unwrap().status.unwrap().last_scale;
-        let decided = scale
-            .filter(|s| s.from == 0 && s.to >= 1)
-            .map(|s| s.time.0.as_millisecond() as f64 / 1000.0)
-            .filter(|t| *t >= scheduled - 1.0)
-            .expect("the scale-up from zero of this run in status.lastScale");
+        let decided = decided.unwrap();
         decision.push(decided - scheduled);
         pod.push(polled - decided);
         attempt.push(ended - polled);
