@@ -27,6 +27,7 @@ use crate::scaling;
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
+const SCALING_MANAGER: &str = "perago-operator-scaling";
 
 pub struct Context {
     pub client: Client,
@@ -123,15 +124,40 @@ pub(crate) fn conductor_url(task: &PeragoTask, ctx: &Context) -> String {
         .unwrap_or_default()
 }
 
+/// The status, except `lastScale` (see [`record_scale`]).
 async fn patch_status(
     api: &Api<PeragoTask>,
     task: &PeragoTask,
     status: PeragoTaskStatus,
 ) -> Result<(), Error> {
+    let status = PeragoTaskStatus {
+        last_scale: None,
+        ..status
+    };
     let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask", "status": status});
     api.patch_status(
         &task.name_any(),
         &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `status.lastScale`, under a field manager of its own and only when replicas change: the
+/// status written by every reconcile is built from the cached object, which a reconcile right
+/// after a scaling may see without its `lastScale` yet; that apply must not own the field, or
+/// it would put the older decision back.
+async fn record_scale(
+    api: &Api<PeragoTask>,
+    task: &PeragoTask,
+    decision: ScaleDecision,
+) -> Result<(), Error> {
+    let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
+                       "status": {"lastScale": decision}});
+    api.patch_status(
+        &task.name_any(),
+        &PatchParams::apply(SCALING_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await?;
@@ -278,7 +304,6 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 
     // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
     let mut replicas = task.spec.executor.replicas;
-    let mut last_scale = old.last_scale.clone();
     let mut scale_in_deferred = false;
     if let Some(auto) = &task.spec.executor.autoscaling {
         let wanted = scaling::recommended(queued + running, auto);
@@ -314,12 +339,13 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
                 format!("{replicas} → {next} executor pods: {reason}"),
             )
             .await;
-            last_scale = Some(ScaleDecision {
+            let decision = ScaleDecision {
                 time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
                 from: replicas,
                 to: next,
                 reason,
-            });
+            };
+            record_scale(&api, &task, decision).await?;
             replicas = next;
         }
     }
@@ -438,7 +464,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         selector: Some(selector),
         queue_depth: Some(queued),
         running_attempts: Some(running),
-        last_scale,
+        last_scale: None,
         task_def_hash: Some(taskdef::hash(&doc)),
     };
     patch_status(&api, &task, status).await?;
