@@ -186,14 +186,7 @@ impl ConductorClient {
                 ])
             })
             .await?;
-        match answer {
-            None => Ok(Vec::new()),
-            Some(Value::Array(tasks)) => Ok(tasks),
-            Some(other) => Err(ConductorError::Decode {
-                call,
-                detail: format!("expected a JSON array, got {}", kind(&other)),
-            }),
-        }
+        polled_tasks(answer)
     }
 
     /// `GET /tasks/{taskId}`.
@@ -244,6 +237,19 @@ impl ConductorClient {
     }
 }
 
+/// The tasks of a batch poll's answer (`None`: 204, no task).
+#[doc(hidden)] // public for the fuzz targets
+pub fn polled_tasks(answer: Option<Value>) -> Result<Vec<Value>, ConductorError> {
+    match answer {
+        None => Ok(Vec::new()),
+        Some(Value::Array(tasks)) => Ok(tasks),
+        Some(other) => Err(ConductorError::Decode {
+            call: "batch poll",
+            detail: format!("expected a JSON array, got {}", kind(&other)),
+        }),
+    }
+}
+
 async fn read(
     call: &'static str,
     response: reqwest::Response,
@@ -253,6 +259,17 @@ async fn read(
         .text()
         .await
         .map_err(ConductorError::transport(call))?;
+    answer(call, status, text)
+}
+
+/// An answer's body as [`ConductorClient`] hands it on: JSON, or a JSON string for text
+/// answers; `None` for 204 or an empty body; an error naming the call for a failed status.
+#[doc(hidden)] // public for the fuzz targets
+pub fn answer(
+    call: &'static str,
+    status: StatusCode,
+    text: String,
+) -> Result<Option<Value>, ConductorError> {
     if !status.is_success() {
         let body: String = text.chars().take(300).collect();
         return Err(ConductorError::Status { call, status, body });

@@ -3,7 +3,8 @@
 //! query can hold a whole object key), and a ref longer than [`REF_MAX`] characters is
 //! shortened, so the cause survives the cut of a failure reason. Idempotent calls are retried
 //! on transient answers (connection errors, 429, 503, and 500 "locked"); commits and merges
-//! never are.
+//! never are, except a merge lakeFS refused outright (see [`LakeFsError::merge_refused`]),
+//! which the attempt tries again within its merge budget.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -109,6 +110,23 @@ impl LakeFsError {
                     || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked"))
             }
             Self::Decode { .. } => false,
+        }
+    }
+
+    /// A merge lakeFS refused without merging, so that trying again is safe: the branch was
+    /// locked by another merge (423, or 500 "locked") or the caller was throttled (429). A 503
+    /// is not among them: a gateway may answer it for a request lakeFS already acted on.
+    pub fn merge_refused(&self) -> Option<StatusCode> {
+        match self {
+            Self::Status {
+                status, message, ..
+            } if *status == StatusCode::LOCKED
+                || *status == StatusCode::TOO_MANY_REQUESTS
+                || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked")) =>
+            {
+                Some(*status)
+            }
+            _ => None,
         }
     }
 
@@ -222,12 +240,12 @@ impl LakeFsClient {
             return Ok(response);
         }
         let text = response.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_else(|| text.chars().take(MESSAGE_MAX).collect());
         Err(LakeFsError::status_error(
-            call, repository, reference, status, message,
+            call,
+            repository,
+            reference,
+            status,
+            error_message(&text),
         ))
     }
 
@@ -261,9 +279,7 @@ impl LakeFsClient {
             .bytes()
             .await
             .map_err(|e| LakeFsError::transport(call, repository, reference, e))?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            LakeFsError::decode(call, repository, reference, perago_api::error_chain(&e))
-        })
+        decode(call, repository, reference, &bytes)
     }
 
     /// Every entry of a paginated listing filtered by `prefix`, following `next_offset`.
@@ -289,11 +305,12 @@ impl LakeFsClient {
                 })
                 .await?;
             let page: Page<T> = Self::json(call, repository, reference, response).await?;
-            all.extend(page.results);
-            if !page.pagination.has_more {
-                return Ok(all);
+            let (results, next) = page.into_parts();
+            all.extend(results);
+            match next {
+                Some(next) => after = next,
+                None => return Ok(all),
             }
-            after = page.pagination.next_offset;
         }
     }
 
@@ -352,11 +369,8 @@ impl LakeFsClient {
                 self.request(Method::GET, &path, self.timeout)
             })
             .await?;
-        let r: Value = Self::json(call, repository, branch, response).await?;
-        r.get("commit_id")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| LakeFsError::decode(call, repository, branch, "no commit_id".into()))
+        let answer: Value = Self::json(call, repository, branch, response).await?;
+        branch_commit(repository, branch, &answer)
     }
 
     /// Create `name` from `source`; fails (409) if it exists.
@@ -463,30 +477,7 @@ impl LakeFsClient {
                 })
                 .await?;
             let answer: Value = Self::json(call, repository, branch, response).await?;
-            if let Some(first) = answer
-                .get("errors")
-                .and_then(Value::as_array)
-                .and_then(|e| e.first())
-            {
-                let status = first
-                    .get("status_code")
-                    .and_then(Value::as_u64)
-                    .and_then(|c| u16::try_from(c).ok())
-                    .and_then(|c| StatusCode::from_u16(c).ok())
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                // lakeFS's message first, then the (possibly long) key.
-                let message = format!(
-                    "{} (object '{}')",
-                    first.get("message").and_then(Value::as_str).unwrap_or(""),
-                    clip(
-                        first.get("path").and_then(Value::as_str).unwrap_or("?"),
-                        crate::outcome::QUOTED_MAX
-                    )
-                );
-                return Err(LakeFsError::status_error(
-                    call, repository, branch, status, message,
-                ));
-            }
+            delete_failure(repository, branch, &answer)?;
         }
         Ok(())
     }
@@ -544,19 +535,7 @@ impl LakeFsClient {
             )
             .await?;
         let answer: Value = Self::json(call, repository, destination, response).await?;
-        answer
-            .get("reference")
-            .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                LakeFsError::decode(
-                    call,
-                    repository,
-                    destination,
-                    "the merge result has no reference".into(),
-                )
-            })
+        merge_reference(repository, destination, &answer)
     }
 
     /// Branch names starting with `prefix`.
@@ -626,15 +605,132 @@ impl LakeFsClient {
                 })
                 .await?;
             let page: Page<Commit> = Self::json(call, repository, reference, response).await?;
-            commits.extend(page.results);
-            if !page.pagination.has_more || commits.len() >= limit {
-                let more = page.pagination.has_more;
-                commits.truncate(limit);
-                return Ok((commits, more));
+            let (results, next) = page.into_parts();
+            commits.extend(results);
+            match next {
+                Some(next) if commits.len() < limit => after = next,
+                _ => {
+                    commits.truncate(limit);
+                    return Ok((commits, next.is_some()));
+                }
             }
-            after = page.pagination.next_offset;
         }
     }
+}
+
+// The decoding of lakeFS's answers, apart from the calls so that the fuzz targets reach it.
+
+/// The message of a failed call's answer: lakeFS's JSON `message`, else the start of the body.
+#[doc(hidden)] // public for the fuzz targets
+pub fn error_message(text: &str) -> String {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| text.chars().take(MESSAGE_MAX).collect())
+}
+
+/// A successful call's JSON answer as `T`.
+#[doc(hidden)] // public for the fuzz targets
+pub fn decode<T: serde::de::DeserializeOwned>(
+    call: &'static str,
+    repository: &str,
+    reference: &str,
+    bytes: &[u8],
+) -> Result<T, LakeFsError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| LakeFsError::decode(call, repository, reference, perago_api::error_chain(&e)))
+}
+
+/// One page of a paginated listing: its results, and the offset to list on from when lakeFS
+/// has more.
+#[doc(hidden)] // public for the fuzz targets
+pub fn page<T: serde::de::DeserializeOwned>(
+    call: &'static str,
+    repository: &str,
+    reference: &str,
+    bytes: &[u8],
+) -> Result<(Vec<T>, Option<String>), LakeFsError> {
+    decode::<Page<T>>(call, repository, reference, bytes).map(Page::into_parts)
+}
+
+impl<T> Page<T> {
+    fn into_parts(self) -> (Vec<T>, Option<String>) {
+        let next = self
+            .pagination
+            .has_more
+            .then_some(self.pagination.next_offset);
+        (self.results, next)
+    }
+}
+
+/// The commit of a get-branch answer.
+#[doc(hidden)] // public for the fuzz targets
+pub fn branch_commit(
+    repository: &str,
+    branch: &str,
+    answer: &Value,
+) -> Result<String, LakeFsError> {
+    answer
+        .get("commit_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| LakeFsError::decode("get branch", repository, branch, "no commit_id".into()))
+}
+
+/// The new commit of a merge answer.
+#[doc(hidden)] // public for the fuzz targets
+pub fn merge_reference(
+    repository: &str,
+    destination: &str,
+    answer: &Value,
+) -> Result<String, LakeFsError> {
+    answer
+        .get("reference")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            LakeFsError::decode(
+                "merge",
+                repository,
+                destination,
+                "the merge result has no reference".into(),
+            )
+        })
+}
+
+/// The first failure a delete-objects answer reports, as an error.
+#[doc(hidden)] // public for the fuzz targets
+pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<(), LakeFsError> {
+    let Some(first) = answer
+        .get("errors")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    else {
+        return Ok(());
+    };
+    let status = first
+        .get("status_code")
+        .and_then(Value::as_u64)
+        .and_then(|c| u16::try_from(c).ok())
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    // lakeFS's message first, then the (possibly long) key.
+    let message = format!(
+        "{} (object '{}')",
+        first.get("message").and_then(Value::as_str).unwrap_or(""),
+        clip(
+            first.get("path").and_then(Value::as_str).unwrap_or("?"),
+            crate::outcome::QUOTED_MAX
+        )
+    );
+    Err(LakeFsError::status_error(
+        "delete objects",
+        repository,
+        branch,
+        status,
+        message,
+    ))
 }
 
 #[cfg(test)]

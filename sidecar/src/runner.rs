@@ -372,7 +372,8 @@ impl RunnerHub {
 }
 
 /// Read one message; `None` at end of stream. Lines are bounded by [`MAX_LINE_BYTES`].
-async fn read_message<R: tokio::io::AsyncRead + Unpin>(
+#[doc(hidden)] // public for the fuzz targets
+pub async fn read_message<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
 ) -> std::io::Result<Option<RunnerMessage>> {
     let mut line = Vec::new();

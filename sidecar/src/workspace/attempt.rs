@@ -21,7 +21,7 @@ use perago_api::contract::ContractWorkspace;
 use crate::attempt::AttemptSnapshot;
 use crate::conductor::ConductorClient;
 use crate::execution::{self, ExecutionDir, Run};
-use crate::lakefs::LakeFsClient;
+use crate::lakefs::{LakeFsClient, LakeFsError};
 use crate::outcome::Outcome;
 use crate::protocol::files;
 use crate::workspace::input::WorkspaceRef;
@@ -383,16 +383,40 @@ impl WorkspaceAttempt<'_> {
         }
         pause_point(self.transfers, "pause-before-merge", self.work_dir).await;
         let confirm = publish::confirm_metadata(&try_metadata, &branch, &staging_commit, base);
-        let merged = self
-            .lakefs
-            .squash_merge(
-                &ws.repository,
-                &branch,
-                &ws.branch,
-                &confirm,
-                self.transfers.merge_timeout,
-            )
-            .await;
+        // A merge lakeFS refused without merging is tried again while the merge budget lasts;
+        // any other failure ends the attempt (an uncertain one is left to the next fence).
+        let deadline = Instant::now() + self.transfers.merge_timeout;
+        let mut pause = Duration::from_millis(100);
+        let merged = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let merged = self
+                .lakefs
+                .squash_merge(
+                    &ws.repository,
+                    &branch,
+                    &ws.branch,
+                    &confirm,
+                    left.max(Duration::from_secs(1)),
+                )
+                .await;
+            match merged.as_ref().err().and_then(LakeFsError::merge_refused) {
+                Some(status) if Instant::now() + pause < deadline => {
+                    run.metrics
+                        .merge_refusals
+                        .with_label_values(&[status.as_str()])
+                        .inc();
+                    warn!(
+                        phase = "publish",
+                        status = status.as_u16(),
+                        retry_in_ms = pause.as_millis() as u64,
+                        "lakeFS refused the merge without merging; trying again within the merge budget"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                _ => break merged,
+            }
+        };
         run.metrics
             .record_workspace_io("publish", started.elapsed().as_secs_f64(), None);
         match merged {

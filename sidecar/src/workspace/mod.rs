@@ -4,6 +4,7 @@
 pub mod attempt;
 pub mod download;
 pub mod guardrails;
+pub mod history;
 pub mod input;
 pub mod publish;
 pub mod snapshot;

@@ -1,0 +1,459 @@
+//! A fault-injecting HTTP proxy, to sit between a sidecar and Conductor or lakeFS and break
+//! the world around it on purpose: drop a request unsent, forward a request and drop its
+//! answer, answer an error status itself, reset a connection in the middle of an upload or a
+//! download, delay a call, or hold it until the test releases it.
+//!
+//! Rules match on the method and a substring of the path (query included) and apply a given
+//! number of times or always; the first rule that matches wins. Every request is logged with
+//! what the proxy did to it. Anything without a matching rule is forwarded as it is.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use tokio::sync::watch;
+
+/// What to do with a matching request.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Close the connection without forwarding: the call never reached the server.
+    DropRequest,
+    /// Forward, let the server act, then close the connection without answering.
+    DropResponse,
+    /// Answer this status (with a short text body) without forwarding.
+    Status(u16),
+    /// Forward the request but cut its body after this many bytes, then close.
+    ResetUpload { after: usize },
+    /// Forward, pass the answer's headers and this many bytes of its body, then reset.
+    ResetDownload { after: usize },
+    /// Forward after this delay.
+    Delay(Duration),
+    /// Forward once the hold of this name is released.
+    Hold(String),
+}
+
+impl Fault {
+    fn name(&self) -> String {
+        match self {
+            Fault::DropRequest => "drop-request".into(),
+            Fault::DropResponse => "drop-response".into(),
+            Fault::Status(code) => format!("status-{code}"),
+            Fault::ResetUpload { after } => format!("reset-upload-after-{after}"),
+            Fault::ResetDownload { after } => format!("reset-download-after-{after}"),
+            Fault::Delay(d) => format!("delay-{}ms", d.as_millis()),
+            Fault::Hold(name) => format!("hold-{name}"),
+        }
+    }
+}
+
+/// One request the proxy saw and what it did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    /// The fault applied, or `None` when it was forwarded untouched.
+    pub fault: Option<String>,
+}
+
+struct Rule {
+    method: Option<String>,
+    path: String,
+    fault: Fault,
+    /// Applications left; `None` is always.
+    left: Option<usize>,
+}
+
+#[derive(Default)]
+struct State {
+    rules: Vec<Rule>,
+    seen: Vec<Seen>,
+    holds: Vec<(String, watch::Sender<bool>)>,
+}
+
+/// The proxy: `url` replaces the server's base URL (same path prefix).
+pub struct FaultProxy {
+    pub url: String,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type ProxyBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// An aborted exchange: hyper closes the connection without an answer.
+#[derive(Debug)]
+struct Abort(&'static str);
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for Abort {}
+
+impl FaultProxy {
+    /// Listen on 127.0.0.1 and forward to `upstream` (`scheme://host:port[/prefix]`); the proxy's
+    /// `url` keeps the prefix, so it stands in for `upstream` everywhere.
+    pub async fn start(upstream: &str) -> Result<Self> {
+        let parsed = reqwest::Url::parse(upstream).context("the upstream URL")?;
+        let origin = parsed.origin().ascii_serialization();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let state = Arc::new(Mutex::new(State::default()));
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()?;
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (state, http, origin) = (shared.clone(), http.clone(), origin.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        exchange(state.clone(), http.clone(), origin.clone(), request)
+                    });
+                    // An aborted exchange ends the connection; that is the point.
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let url = format!(
+            "http://127.0.0.1:{port}{}",
+            parsed.path().trim_end_matches('/')
+        );
+        Ok(Self { url, state, task })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Apply `fault` to the next `times` requests (`None`: every request) whose method is
+    /// `method` (any when `None`) and whose path contains `path`.
+    pub fn inject(&self, method: Option<&str>, path: &str, fault: Fault, times: Option<usize>) {
+        let mut state = self.state();
+        if let Fault::Hold(name) = &fault
+            && !state.holds.iter().any(|(n, _)| n == name)
+        {
+            state.holds.push((name.clone(), watch::channel(false).0));
+        }
+        state.rules.push(Rule {
+            method: method.map(str::to_owned),
+            path: path.to_owned(),
+            fault,
+            left: times,
+        });
+    }
+
+    /// Let the calls held under `name` go on (and any later ones).
+    pub fn release(&self, name: &str) {
+        for (n, hold) in &self.state().holds {
+            if n == name {
+                hold.send_replace(true);
+            }
+        }
+    }
+
+    /// Remove every rule, release every hold and forget the requests seen.
+    pub fn clear(&self) {
+        let mut state = self.state();
+        state.rules.clear();
+        state.seen.clear();
+        for (_, hold) in &state.holds {
+            hold.send_replace(true);
+        }
+    }
+
+    /// Every request seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state().seen.clone()
+    }
+
+    /// The requests a fault was applied to.
+    pub fn faulted(&self) -> Vec<Seen> {
+        self.seen()
+            .into_iter()
+            .filter(|s| s.fault.is_some())
+            .collect()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The first matching rule's fault (its use counted), and the request logged.
+fn choose(
+    state: &Mutex<State>,
+    method: &str,
+    path: &str,
+) -> (Option<Fault>, Option<watch::Receiver<bool>>) {
+    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut chosen = None;
+    for rule in &mut state.rules {
+        let matches = rule.method.as_deref().is_none_or(|m| m == method)
+            && path.contains(&rule.path)
+            && rule.left != Some(0);
+        if matches {
+            if let Some(left) = &mut rule.left {
+                *left -= 1;
+            }
+            chosen = Some(rule.fault.clone());
+            break;
+        }
+    }
+    let hold = match &chosen {
+        Some(Fault::Hold(name)) => state
+            .holds
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, h)| h.subscribe()),
+        _ => None,
+    };
+    state.seen.push(Seen {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        fault: chosen.as_ref().map(Fault::name),
+    });
+    (chosen, hold)
+}
+
+async fn exchange(
+    state: Arc<Mutex<State>>,
+    http: reqwest::Client,
+    origin: String,
+    request: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Abort> {
+    let method = request.method().as_str().to_owned();
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    let (fault, hold) = choose(&state, &method, &path);
+    match &fault {
+        Some(Fault::DropRequest) => return Err(Abort("dropped the request unsent")),
+        Some(Fault::Status(code)) => {
+            let status =
+                hyper::StatusCode::from_u16(*code).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+            let body = format!("{{\"message\": \"fault proxy: {code}\"}}");
+            return Ok(Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(full(body))
+                .unwrap_or_else(|_| Response::new(full(String::new()))));
+        }
+        Some(Fault::Delay(d)) => tokio::time::sleep(*d).await,
+        Some(Fault::Hold(_)) => {
+            if let Some(mut hold) = hold {
+                let _ = hold.wait_for(|released| *released).await;
+            }
+        }
+        _ => {}
+    }
+
+    let (parts, body) = request.into_parts();
+    let mut forward = http.request(parts.method.clone(), format!("{origin}{path}"));
+    for (name, value) in &parts.headers {
+        if !matches!(name.as_str(), "host" | "connection" | "transfer-encoding") {
+            forward = forward.header(name, value);
+        }
+    }
+    let upload = body.into_data_stream().map_err(std::io::Error::other);
+    let upload: futures_util::stream::BoxStream<'static, std::io::Result<Bytes>> = match fault {
+        Some(Fault::ResetUpload { after }) => cut(upload, after).boxed(),
+        _ => upload.boxed(),
+    };
+    let answer = forward
+        .body(reqwest::Body::wrap_stream(upload))
+        .send()
+        .await
+        .map_err(|_| Abort("the upstream call failed"))?;
+    if matches!(fault, Some(Fault::ResetUpload { .. })) {
+        return Err(Abort("reset the upload"));
+    }
+    if matches!(fault, Some(Fault::DropResponse)) {
+        // Let the server finish what it does with the call, then say nothing.
+        let _ = answer.bytes().await;
+        return Err(Abort("dropped the answer"));
+    }
+    let mut response = Response::builder().status(answer.status().as_u16());
+    for (name, value) in answer.headers() {
+        if !matches!(name.as_str(), "connection" | "transfer-encoding") {
+            response = response.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let download = answer.bytes_stream().map_err(std::io::Error::other);
+    let download: futures_util::stream::BoxStream<'static, std::io::Result<Bytes>> = match fault {
+        Some(Fault::ResetDownload { after }) => cut(download, after).boxed(),
+        _ => download.boxed(),
+    };
+    let body = StreamBody::new(download.map_ok(Frame::data));
+    response
+        .body(BodyExt::boxed_unsync(body))
+        .map_err(|_| Abort("the upstream answer could not be passed on"))
+}
+
+fn full(text: String) -> ProxyBody {
+    http_body_util::Full::new(Bytes::from(text))
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// `stream`'s first `after` bytes, then an error (which resets the connection).
+fn cut(
+    stream: impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    after: usize,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    futures_util::stream::unfold(
+        (stream.boxed(), after, false),
+        |(mut stream, left, done)| async move {
+            if done {
+                return None;
+            }
+            if left == 0 {
+                // Let what passed reach the other side first, so the reset is mid-stream.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Some((
+                    Err(std::io::Error::other("fault proxy: connection reset")),
+                    (stream, 0, true),
+                ));
+            }
+            match stream.next().await {
+                Some(Ok(mut chunk)) => {
+                    if chunk.len() > left {
+                        chunk.truncate(left);
+                    }
+                    let left = left - chunk.len();
+                    Some((Ok(chunk), (stream, left, false)))
+                }
+                Some(Err(e)) => Some((Err(e), (stream, 0, true))),
+                // The whole body was shorter than the cut: reset at its end.
+                None => Some((
+                    Err(std::io::Error::other("fault proxy: connection reset")),
+                    (stream, 0, true),
+                )),
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A server that answers `/data` with 64 KiB and counts every call it gets.
+    async fn upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let app = axum::Router::new().fallback(move |body: Bytes| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if body.is_empty() {
+                    vec![b'x'; 64 * 1024]
+                } else {
+                    format!("got {} bytes", body.len()).into_bytes()
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, calls)
+    }
+
+    #[tokio::test]
+    async fn each_fault_does_what_it_says() {
+        use std::sync::atomic::Ordering;
+        let (upstream, calls) = upstream().await;
+        let proxy = FaultProxy::start(&upstream).await.unwrap();
+        assert!(proxy.url.ends_with("/api"));
+        let client = reqwest::Client::new();
+        let get = |path: &str| client.get(format!("{}{path}", proxy.url)).send();
+
+        assert_eq!(
+            get("/data").await.unwrap().bytes().await.unwrap().len(),
+            65536
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+        proxy.inject(Some("GET"), "/data", Fault::DropRequest, Some(1));
+        assert!(get("/data").await.is_err(), "dropped unsent");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the server never saw it");
+
+        proxy.inject(None, "/data", Fault::DropResponse, Some(1));
+        assert!(get("/data").await.is_err(), "answer dropped");
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "the server acted");
+
+        proxy.inject(None, "/data", Fault::Status(423), Some(1));
+        assert_eq!(get("/data").await.unwrap().status(), 423);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+        proxy.inject(None, "/data", Fault::ResetDownload { after: 1000 }, Some(1));
+        let cut = get("/data").await.unwrap().bytes().await;
+        assert!(cut.is_err(), "the download is reset mid-body");
+
+        proxy.inject(
+            Some("POST"),
+            "/up",
+            Fault::ResetUpload { after: 10 },
+            Some(1),
+        );
+        let up = client
+            .post(format!("{}/up", proxy.url))
+            .body(vec![b'y'; 100_000])
+            .send()
+            .await;
+        assert!(up.is_err(), "the upload is reset");
+        let whole = client
+            .post(format!("{}/up", proxy.url))
+            .body(vec![b'y'; 100_000])
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(whole, "got 100000 bytes", "the rule applied once");
+
+        proxy.inject(None, "/held", Fault::Hold("h".into()), None);
+        let held = tokio::spawn(get("/held"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!held.is_finished(), "held until released");
+        proxy.release("h");
+        assert!(held.await.unwrap().unwrap().status().is_success());
+
+        let faults: Vec<String> = proxy
+            .faulted()
+            .into_iter()
+            .filter_map(|s| s.fault)
+            .collect();
+        assert_eq!(
+            faults,
+            [
+                "drop-request",
+                "drop-response",
+                "status-423",
+                "reset-download-after-1000",
+                "reset-upload-after-10",
+                "hold-h"
+            ]
+        );
+    }
+}

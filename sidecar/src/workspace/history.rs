@@ -1,0 +1,247 @@
+//! The history checker: is every first-parent commit of a branch since a workflow's input ref
+//! explained? Each must be a confirm commit of a publication, with complete metadata, whose
+//! `expected_head` is its first parent and whose non-empty `supersedes` names that parent, a
+//! confirm commit of the same logical task; or a commit the caller knows to be foreign.
+//! The reliability tests run it after every scenario.
+
+use std::collections::BTreeMap;
+
+use crate::lakefs::Commit;
+
+/// Metadata every confirm commit carries (without the `perago.` prefix).
+const REQUIRED: [&str; 11] = [
+    "logical_task_key",
+    "workflow_instance_id",
+    "task_id",
+    "retry_count",
+    "input_ref",
+    "target_branch",
+    "prefix",
+    "staging_branch",
+    "staging_commit",
+    "expected_head",
+    "supersedes",
+];
+
+/// One explained commit, newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    Confirm {
+        id: String,
+        logical_task_key: String,
+        task_id: String,
+        /// The earlier confirm commit of the same logical task this one replaced.
+        supersedes: Option<String>,
+    },
+    Foreign {
+        id: String,
+    },
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub entries: Vec<Entry>,
+    /// Each a sentence naming the commit and what is wrong with it.
+    pub problems: Vec<String>,
+}
+
+impl Report {
+    /// Confirm commits per logical task key.
+    pub fn publications(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for entry in &self.entries {
+            if let Entry::Confirm {
+                logical_task_key, ..
+            } = entry
+            {
+                *out.entry(logical_task_key.clone()).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
+    /// Confirm commits that no later one superseded: the publications that stand.
+    pub fn standing(&self) -> Vec<&Entry> {
+        let superseded: Vec<&str> = self
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Confirm {
+                    supersedes: Some(s),
+                    ..
+                } => Some(s.as_str()),
+                _ => None,
+            })
+            .collect();
+        self.entries
+            .iter()
+            .filter(
+                |e| matches!(e, Entry::Confirm { id, .. } if !superseded.contains(&id.as_str())),
+            )
+            .collect()
+    }
+}
+
+/// Check `history` (first-parent, newest first, as lakeFS's log gives it) down to
+/// `input_ref`. `foreign` lists the commits the caller made itself on purpose.
+pub fn check(history: &[Commit], input_ref: &str, foreign: &[String]) -> Report {
+    let mut report = Report::default();
+    let Some(end) = history.iter().position(|c| c.id == input_ref) else {
+        report.problems.push(format!(
+            "the history does not reach the input ref {input_ref}"
+        ));
+        return report;
+    };
+    for (i, commit) in history[..end].iter().enumerate() {
+        let id = &commit.id;
+        let parent = commit.parents.first().map(String::as_str).unwrap_or("");
+        if history.get(i + 1).is_some_and(|next| next.id != parent) {
+            report.problems.push(format!(
+                "{id}: the log's next commit is not its first parent {parent}"
+            ));
+        }
+        let meta = |key: &str| commit.metadata.get(&format!("perago.{key}"));
+        if meta("phase").map(String::as_str) != Some("confirm") {
+            if foreign.contains(id) {
+                report.entries.push(Entry::Foreign { id: id.clone() });
+            } else {
+                report.problems.push(format!(
+                    "{id}: neither a confirm commit nor a known foreign commit (message {:?})",
+                    commit.message
+                ));
+            }
+            continue;
+        }
+        let missing: Vec<&str> = REQUIRED
+            .iter()
+            .copied()
+            .filter(|k| {
+                meta(k).is_none() || (*k != "supersedes" && meta(k).is_some_and(String::is_empty))
+            })
+            .collect();
+        if !missing.is_empty() {
+            report.problems.push(format!(
+                "{id}: confirm metadata lacks {}",
+                missing.join(", ")
+            ));
+        }
+        if meta("expected_head").map(String::as_str) != Some(parent) {
+            report.problems.push(format!(
+                "{id}: expected_head {:?} is not its first parent {parent}",
+                meta("expected_head")
+            ));
+        }
+        let key = meta("logical_task_key").cloned().unwrap_or_default();
+        let supersedes = meta("supersedes").filter(|s| !s.is_empty()).cloned();
+        if let Some(s) = &supersedes {
+            let parent_key = history
+                .get(i + 1)
+                .filter(|p| p.id == *s)
+                .and_then(|p| p.metadata.get("perago.logical_task_key"));
+            if s != parent {
+                report.problems.push(format!(
+                    "{id}: supersedes {s}, which is not its first parent {parent}"
+                ));
+            } else if parent_key != Some(&key) {
+                report.problems.push(format!(
+                    "{id}: supersedes {s}, which is not a confirm commit of logical task {key}"
+                ));
+            }
+        }
+        report.entries.push(Entry::Confirm {
+            id: id.clone(),
+            logical_task_key: key,
+            task_id: meta("task_id").cloned().unwrap_or_default(),
+            supersedes,
+        });
+    }
+    report
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn commit(id: &str, parent: &str, meta: &[(&str, &str)]) -> Commit {
+        Commit {
+            id: id.into(),
+            parents: vec![parent.into()],
+            message: format!("commit {id}"),
+            metadata: meta
+                .iter()
+                .map(|(k, v)| (format!("perago.{k}"), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    fn confirm(id: &str, parent: &str, key: &str, supersedes: &str) -> Commit {
+        let mut meta: Vec<(&str, &str)> = REQUIRED.iter().map(|k| (*k, "x")).collect();
+        meta.retain(|(k, _)| !matches!(*k, "logical_task_key" | "expected_head" | "supersedes"));
+        meta.extend([
+            ("phase", "confirm"),
+            ("logical_task_key", key),
+            ("expected_head", parent),
+            ("supersedes", supersedes),
+        ]);
+        commit(id, parent, &meta)
+    }
+
+    #[test]
+    fn a_publication_and_its_supersession_are_explained() {
+        let log = [
+            confirm("c2", "c1", "wf/step", "c1"),
+            confirm("c1", "in", "wf/step", ""),
+            commit("in", "root", &[]),
+        ];
+        let report = check(&log, "in", &[]);
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_eq!(report.publications()["wf/step"], 2);
+        assert_eq!(report.standing().len(), 1);
+    }
+
+    #[test]
+    fn foreign_incomplete_and_inconsistent_commits_are_problems() {
+        let mut incomplete = confirm("c1", "in", "a", "");
+        incomplete.metadata.remove("perago.task_id");
+        let log = [
+            commit("f2", "c3", &[]),
+            confirm("c3", "f1", "b", "f1"),
+            commit("f1", "c2", &[]),
+            confirm("c2", "c1", "b", "c1"),
+            incomplete,
+            commit("in", "root", &[]),
+        ];
+        let report = check(&log, "in", &["f1".to_owned()]);
+        let problems = report.problems.join("\n");
+        assert!(
+            problems.contains("f2: neither a confirm commit"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("c3: supersedes f1, which is not a confirm commit of logical task b"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("c2: supersedes c1, which is not a confirm commit of logical task b"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("c1: confirm metadata lacks task_id"),
+            "{problems}"
+        );
+        assert!(!problems.contains("f1:"), "f1 is known: {problems}");
+        let mut wrong_head = confirm("c1", "in", "a", "");
+        wrong_head
+            .metadata
+            .insert("perago.expected_head".into(), "other".into());
+        let report = check(&[wrong_head, commit("in", "r", &[])], "in", &[]);
+        assert!(
+            report.problems[0].contains("expected_head"),
+            "{:?}",
+            report.problems
+        );
+        assert!(check(&[commit("x", "y", &[])], "in", &[]).problems[0].contains("does not reach"));
+    }
+}
