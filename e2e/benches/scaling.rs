@@ -353,6 +353,25 @@ async fn idle_tasks(services: &Services, cluster: &Cluster, count: usize) {
         .unwrap();
 }
 
+/// After a `helm upgrade`: until the admission webhook answers through its Service again.
+fn wait_for_webhook(cluster: &Cluster) {
+    let probe = task("default", "webhook-probe", DONE, json!({})).to_string();
+    let path = std::env::temp_dir().join(format!("perago-bench-probe-{}.json", std::process::id()));
+    std::fs::write(&path, probe).unwrap();
+    let started = Instant::now();
+    while cluster
+        .kubectl(&["apply", "--dry-run=server", "-f", path.to_str().unwrap()])
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the webhook never answered"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = std::fs::remove_file(path);
+}
+
 #[tokio::main]
 async fn main() {
     if perago_e2e::node_opted_out("scaling benchmark") {
@@ -378,6 +397,7 @@ async fn main() {
             "--wait",
         ])
         .unwrap();
+    wait_for_webhook(&cluster);
     scale_from_zero(services, &cluster, runs).await;
     drain(services, &cluster).await;
     cluster
@@ -393,5 +413,6 @@ async fn main() {
             "--wait",
         ])
         .unwrap();
+    wait_for_webhook(&cluster);
     idle_tasks(services, &cluster, setting("PERAGO_BENCH_TASKS", 200)).await;
 }
