@@ -49,7 +49,7 @@ check-images:
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	@test -z "$$(gofmt -l e2e/kstatus)" || { gofmt -l e2e/kstatus; echo "gofmt: the files above need formatting"; exit 1; }
+	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
 	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog
 
 ## Regenerate the committed CRD (CI fails when it drifts).
