@@ -29,10 +29,27 @@ async fn services() -> &'static Services {
 }
 
 fn runs() -> usize {
+    runs_or(20)
+}
+
+/// `PERAGO_FAULT_RUNS`, else `default` (fewer for the scenarios that wait out an outage).
+fn runs_or(default: usize) -> usize {
     std::env::var("PERAGO_FAULT_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
+        .unwrap_or(default)
+}
+
+/// When a scenario's outage ends within a run.
+#[derive(Clone, Copy)]
+enum Heal {
+    /// The injected rules run their course.
+    Never,
+    /// Once the first attempt has ended: the retry finds the servers again.
+    AfterFirstAttempt,
+    /// Once the proxy has held the first call to this path, everything is refused for this
+    /// long, then the servers are back.
+    OutageOnHold(&'static str, Duration),
 }
 
 /// Deterministic, as `docs/task-bodies.md` recommends: a retry writes what the first attempt
@@ -183,19 +200,38 @@ struct Tally {
     faults_applied: usize,
 }
 
-/// Run `runs()` workflows; before each, `inject` sets the proxies; `heal` (if any) is called
-/// once the workflow's first attempt has ended, to end an outage. Checks every invariant.
-async fn scenario(
-    name: &str,
-    inject: impl Fn(&Rig),
-    heal_after_first_attempt: bool,
-) -> (Tally, String) {
+/// Run `runs` workflows; before each, `inject` sets the proxies, and `heal` says when an
+/// outage ends. Checks every invariant.
+async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) -> (Tally, String) {
     let rig = Rig::new(&format!("faults.{name}")).await;
     let mut tally = Tally::default();
-    for run in 0..runs() {
+    for run in 0..runs {
         inject(&rig);
         let (id, branch) = rig.start(run).await;
-        if heal_after_first_attempt {
+        if let Heal::OutageOnHold(hold, outage) = heal {
+            let started = Instant::now();
+            let proxies = [&rig.conductor, &rig.lakefs];
+            while !proxies.iter().any(|p| {
+                p.faulted()
+                    .iter()
+                    .any(|s| s.fault.as_deref() == Some(&*format!("hold-{hold}")))
+            }) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{name}: nothing held"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for proxy in proxies {
+                proxy.inject(None, "", Fault::DropRequest, None);
+            }
+            tokio::time::sleep(outage).await;
+            for proxy in proxies {
+                tally.faults_applied += proxy.faulted().len();
+                proxy.clear();
+            }
+        }
+        if matches!(heal, Heal::AfterFirstAttempt) {
             let started = Instant::now();
             loop {
                 let wf = rig.api.workflow(&id).await;
@@ -288,6 +324,7 @@ async fn scenario(
 async fn a_download_reset_mid_stream() {
     let (t, _) = scenario(
         "download-reset",
+        runs(),
         |rig| {
             rig.lakefs.inject(
                 Some("GET"),
@@ -296,7 +333,7 @@ async fn a_download_reset_mid_stream() {
                 Some(1),
             )
         },
-        false,
+        Heal::Never,
     )
     .await;
     assert_eq!(t.faults_applied, t.runs, "one reset per run");
@@ -306,6 +343,7 @@ async fn a_download_reset_mid_stream() {
 async fn an_upload_reset_mid_stream() {
     let (t, _) = scenario(
         "upload-reset",
+        runs(),
         |rig| {
             rig.lakefs.inject(
                 Some("POST"),
@@ -314,7 +352,7 @@ async fn an_upload_reset_mid_stream() {
                 Some(1),
             )
         },
-        false,
+        Heal::Never,
     )
     .await;
     assert_eq!(t.faults_applied, t.runs, "one reset per run");
@@ -329,11 +367,12 @@ async fn a_merge_refused_with_503_423_and_429() {
     for code in [423, 429, 503] {
         let (t, metrics) = scenario(
             &format!("merge-{code}"),
+            runs(),
             |rig| {
                 rig.lakefs
                     .inject(Some("POST"), "/merge", Fault::Status(code), Some(1))
             },
-            false,
+            Heal::Never,
         )
         .await;
         let refusals = format!(
@@ -363,11 +402,12 @@ async fn a_merge_refused_with_503_423_and_429() {
 async fn the_answer_to_the_completed_update_lost() {
     scenario(
         "completed-update-answer-lost",
+        runs(),
         |rig| {
             rig.conductor
                 .inject(Some("POST"), "/tasks", Fault::DropResponse, Some(1))
         },
-        false,
+        Heal::Never,
     )
     .await;
 }
@@ -376,11 +416,34 @@ async fn the_answer_to_the_completed_update_lost() {
 async fn lakefs_unreachable_during_stage() {
     scenario(
         "lakefs-down-during-stage",
+        runs(),
         |rig| {
             rig.lakefs
                 .inject(Some("POST"), "/objects?", Fault::DropRequest, None)
         },
-        true,
+        Heal::AfterFirstAttempt,
+    )
+    .await;
+}
+
+/// Conductor (and lakeFS) unreachable for 10 s from the moment the attempt reports: the
+/// report is retried until the outage ends, or is lost and Conductor times the attempt out and
+/// retries it, whose fence finds the publication already made. Five runs unless
+/// `PERAGO_FAULT_RUNS` says otherwise: each waits out the outage.
+#[tokio::test]
+async fn conductor_down_around_the_report() {
+    scenario(
+        "conductor-down-around-the-report",
+        runs_or(5),
+        |rig| {
+            rig.conductor.inject(
+                Some("POST"),
+                "/tasks",
+                Fault::Hold("report".into()),
+                Some(1),
+            )
+        },
+        Heal::OutageOnHold("report", Duration::from_secs(10)),
     )
     .await;
 }
