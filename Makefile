@@ -27,6 +27,13 @@ bench: obtain release-binaries
 	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
 	$(CARGO) bench -p perago-e2e --bench scaling
 
+## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
+## print executions and crashes per target (nightly, cargo-fuzz; see docs/fuzzing.md).
+.PHONY: fuzz
+FUZZ_SECONDS ?= 1800
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run
+
 ## Regenerate the PeragoTask reference from the CRD (a test fails when it drifts).
 docs:
 	$(CARGO) run -q -p perago-operator -- reference > docs/reference/peragotask.md
@@ -50,7 +57,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
-	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog
+	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog fuzz/run
 
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:

@@ -155,6 +155,23 @@ spec:
         assert!(c.publish_budget.is_none());
     }
 
+    /// Found by the `manifest` fuzz target: the operator accepted a task whose contract the
+    /// sidecar then refused at start.
+    #[test]
+    fn a_spec_whose_schemas_the_sidecar_cannot_compile_is_refused() {
+        let yaml = BASE.replace("n: {type: integer}", "n: {type: integr}");
+        let err = crate::validate(&spec(&yaml)).expect_err("refused");
+        assert_eq!(err.field, "spec.paramsSchema");
+        assert_eq!(
+            err.message,
+            r#"not a valid JSON Schema: "integr" is not valid under any of the schemas listed in the 'anyOf' keyword (at '/properties/n/type')"#
+        );
+        let yaml = BASE.replace("required: [total]", "required: total");
+        let err = crate::validate(&spec(&yaml)).expect_err("refused");
+        assert_eq!(err.field, "spec.resultSchema");
+        crate::validate(&spec(BASE)).expect("the base spec is valid");
+    }
+
     #[test]
     fn unknown_contract_fields_are_refused() {
         let c = render(&spec(BASE)).expect("renders");

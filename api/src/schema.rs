@@ -21,6 +21,10 @@ pub enum SchemaError {
     MissingDef(String),
     #[error("recursive schemas are not supported ('{0}' refers to itself)")]
     Recursive(String),
+    /// The transformed schema, the one a task's contract carries, is no JSON Schema the
+    /// sidecar can compile. `at` is the JSON pointer of the offending keyword in it.
+    #[error("not a valid JSON Schema: {message} (at '{at}')")]
+    Invalid { at: String, message: String },
 }
 
 const KEPT_MODEL_KEYS: [&str; 5] = [
@@ -72,9 +76,19 @@ pub fn transform(
     }
 }
 
-/// Check a schema can be transformed, without keeping the result.
+/// Check a schema can be transformed and that the result (the contract's form) compiles as
+/// the sidecar compiles it, without keeping it.
 pub fn check(schema: &Map<String, Value>) -> Result<(), SchemaError> {
-    transform(schema, false).map(drop)
+    let strict = Value::Object(transform(schema, false)?);
+    jsonschema::validator_for(&strict)
+        .map(drop)
+        .map_err(|e| SchemaError::Invalid {
+            at: match e.instance_path().as_str() {
+                "" => "/".to_owned(),
+                at => at.to_owned(),
+            },
+            message: e.to_string(),
+        })
 }
 
 fn inline_refs(
@@ -216,6 +230,43 @@ mod tests {
             serde_json::to_string(&Value::Object(out)).unwrap(),
             r#"{"additionalProperties":false,"properties":{},"type":"object"}"#
         );
+    }
+
+    /// Found by the `manifest` fuzz target: a schema the transformation accepts but that is
+    /// no JSON Schema passed validation, and the sidecar then refused the task's contract at
+    /// start (so it never ran).
+    #[test]
+    fn schemas_that_are_no_json_schema_are_refused() {
+        for (schema, at) in [
+            (
+                json!({"type": "object", "properties": {"tag": {"type": "ntrisg"}}}),
+                "/properties/tag/type",
+            ),
+            (
+                json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": "0"}}}),
+                "/properties/n/minimum",
+            ),
+            (
+                json!({"type": "object", "properties": {"xs": {"type": "array", "minItems": -1}}}),
+                "/properties/xs/minItems",
+            ),
+            (
+                json!({"type": "object", "properties": {"tag": {"type": "string", "pattern": "("}}}),
+                "/properties/tag",
+            ),
+        ] {
+            let err = check(&obj(schema.clone())).expect_err(&schema.to_string());
+            let text = err.to_string();
+            assert!(
+                text.starts_with("not a valid JSON Schema") && text.contains(at),
+                "{text}"
+            );
+        }
+        check(&obj(
+            json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0},
+            "tag": {"type": "string", "pattern": "^[a-z]+$"}}}),
+        ))
+        .expect("a valid schema");
     }
 
     #[test]

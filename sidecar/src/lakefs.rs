@@ -305,7 +305,7 @@ impl LakeFsClient {
                 })
                 .await?;
             let page: Page<T> = Self::json(call, repository, reference, response).await?;
-            let (results, next) = page.into_parts();
+            let (results, next) = page.into_parts(call, repository, reference, &after)?;
             all.extend(results);
             match next {
                 Some(next) => after = next,
@@ -605,7 +605,7 @@ impl LakeFsClient {
                 })
                 .await?;
             let page: Page<Commit> = Self::json(call, repository, reference, response).await?;
-            let (results, next) = page.into_parts();
+            let (results, next) = page.into_parts(call, repository, reference, &after)?;
             commits.extend(results);
             match next {
                 Some(next) if commits.len() < limit => after = next,
@@ -641,25 +641,45 @@ pub fn decode<T: serde::de::DeserializeOwned>(
         .map_err(|e| LakeFsError::decode(call, repository, reference, perago_api::error_chain(&e)))
 }
 
-/// One page of a paginated listing: its results, and the offset to list on from when lakeFS
-/// has more.
+/// One page of a paginated listing, listed after the offset `after`: its results, and the
+/// offset to list on from when lakeFS has more.
 #[doc(hidden)] // public for the fuzz targets
 pub fn page<T: serde::de::DeserializeOwned>(
     call: &'static str,
     repository: &str,
     reference: &str,
+    after: &str,
     bytes: &[u8],
 ) -> Result<(Vec<T>, Option<String>), LakeFsError> {
-    decode::<Page<T>>(call, repository, reference, bytes).map(Page::into_parts)
+    decode::<Page<T>>(call, repository, reference, bytes)?
+        .into_parts(call, repository, reference, after)
 }
 
 impl<T> Page<T> {
-    fn into_parts(self) -> (Vec<T>, Option<String>) {
-        let next = self
-            .pagination
-            .has_more
-            .then_some(self.pagination.next_offset);
-        (self.results, next)
+    /// A page that has more results but no new offset is refused: listing on from it would
+    /// fetch the same page forever.
+    fn into_parts(
+        self,
+        call: &'static str,
+        repository: &str,
+        reference: &str,
+        after: &str,
+    ) -> Result<(Vec<T>, Option<String>), LakeFsError> {
+        if !self.pagination.has_more {
+            return Ok((self.results, None));
+        }
+        let next = self.pagination.next_offset;
+        let problem = if next.is_empty() {
+            "the page has more results but no next_offset".to_owned()
+        } else if next == after {
+            format!(
+                "the page has more results but its next_offset is the offset it was listed after ('{}')",
+                clip(after, crate::outcome::QUOTED_MAX)
+            )
+        } else {
+            return Ok((self.results, Some(next)));
+        };
+        Err(LakeFsError::decode(call, repository, reference, problem))
     }
 }
 
@@ -788,6 +808,56 @@ mod tests {
             "{text}"
         );
         assert!(text.chars().count() < 250, "{text}");
+    }
+
+    /// A lakeFS stand-in answering every request with `body`.
+    async fn answering(body: &'static str) -> LakeFsClient {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .fallback(move || async move { ([("content-type", "application/json")], body) });
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        LakeFsClient::new(
+            &format!("http://{address}"),
+            "k",
+            "s",
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    }
+
+    /// Found by the `lakefs_response` fuzz target: a page that says it has more results but
+    /// gives no new offset made the listing fetch the same page forever, growing without
+    /// bound.
+    #[tokio::test]
+    async fn a_page_with_more_results_but_no_new_offset_ends_the_listing() {
+        for (body, why) in [
+            (
+                r#"{"pagination":{"has_more":true},"results":[{"path":"a","path_type":"object"}]}"#,
+                "the page has more results but no next_offset",
+            ),
+            (
+                r#"{"pagination":{"has_more":true,"next_offset":"a"},"results":[{"path":"a","path_type":"object"}]}"#,
+                "the page has more results but its next_offset is the offset it was listed after ('a')",
+            ),
+        ] {
+            let c = answering(body).await;
+            let listed =
+                tokio::time::timeout(Duration::from_secs(10), c.list_objects("repo", "main", ""))
+                    .await
+                    .expect("the listing ends");
+            assert_eq!(
+                listed.unwrap_err().to_string(),
+                format!("lakeFS list objects on repo@main returned an unreadable answer: {why}")
+            );
+            let logged = tokio::time::timeout(
+                Duration::from_secs(10),
+                c.first_parent_log("repo", "main", "c0", 5000),
+            )
+            .await
+            .expect("the log ends");
+            assert!(logged.is_err(), "{logged:?}");
+        }
     }
 
     #[test]

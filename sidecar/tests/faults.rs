@@ -74,7 +74,7 @@ struct Rig {
 }
 
 impl Rig {
-    async fn new(task: &str) -> Self {
+    async fn new(task: &str, slots: u32) -> Self {
         let services = services().await;
         let yaml = format!(
             r#"
@@ -88,7 +88,7 @@ spec:
   paramsSchema: {{type: object}}
   resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
   controls: {{retry: {{count: 3, delaySeconds: 0}}, timeout: {{responseSeconds: 10}}}}
-  executor: {{body: {{image: body, command: [sh]}}, slots: 2}}
+  executor: {{body: {{image: body, command: [sh]}}, slots: {slots}}}
 "#
         );
         let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
@@ -203,7 +203,7 @@ struct Tally {
 /// Run `runs` workflows; before each, `inject` sets the proxies, and `heal` says when an
 /// outage ends. Checks every invariant.
 async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) -> (Tally, String) {
-    let rig = Rig::new(&format!("faults.{name}")).await;
+    let rig = Rig::new(&format!("faults.{name}"), 2).await;
     let mut tally = Tally::default();
     for run in 0..runs {
         inject(&rig);
@@ -255,58 +255,7 @@ async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) ->
         tally.faults_applied += rig.conductor.faulted().len() + rig.lakefs.faulted().len();
         rig.conductor.clear();
         rig.lakefs.clear();
-        tally.runs += 1;
-        assert_eq!(wf["status"], "COMPLETED", "{name} run {run}: {wf}");
-        tally.completed += 1;
-        let tasks = wf["tasks"].as_array().unwrap();
-        tally.attempts += tasks.len();
-        for attempt in tasks {
-            if attempt["status"] == "FAILED" {
-                tally.failed_attempts += 1;
-                let reason = attempt["reasonForIncompletion"].as_str().unwrap_or("");
-                assert!(
-                    reason.contains("lakeFS ") || reason.contains("Conductor "),
-                    "{name} run {run}: a FAILED reason that names no call: {reason:?}"
-                );
-            }
-        }
-        let last = tasks.last().unwrap();
-        assert_eq!(last["status"], "COMPLETED", "{name} run {run}: {wf}");
-
-        // The branch: explained, and one standing publication, the one reported.
-        let (log, _) = rig
-            .client
-            .first_parent_log(&rig.repository, &branch, &rig.input, 50)
-            .await
-            .unwrap();
-        let report = history::check(&log, &rig.input, &[]);
-        assert!(
-            report.problems.is_empty(),
-            "{name} run {run}: {:?}",
-            report.problems
-        );
-        let standing = report.standing();
-        assert_eq!(standing.len(), 1, "{name} run {run}: {report:?}");
-        tally.superseded += report.entries.len() - 1;
-        let head: &Commit = &log[0];
-        assert_eq!(
-            last["outputData"]["workspace"]["ref"],
-            json!(head.id),
-            "{name} run {run}: the reported ref is the branch head"
-        );
-        let branches = rig
-            .lake
-            .get(&format!(
-                "/repositories/{}/branches?prefix=perago-staging-&amount=1000",
-                rig.repository
-            ))
-            .await
-            .unwrap();
-        assert_eq!(
-            branches["results"].as_array().unwrap().len(),
-            0,
-            "{name} run {run}: a staging branch was left: {branches}"
-        );
+        check_run(&rig, name, run, &wf, &branch, &mut tally, false).await;
     }
     eprintln!(
         "fault scenario {name:<34} runs {:>3}  completed {:>3}  attempts {:>3}  failed attempts {:>3}  superseded {:>2}  faults applied {:>3}  staging left 0  unexplained commits 0",
@@ -318,6 +267,78 @@ async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) ->
         tally.faults_applied
     );
     (tally, rig.pod.metrics().await)
+}
+
+async fn no_staging_branch(rig: &Rig, what: &str) {
+    let branches = rig
+        .lake
+        .get(&format!(
+            "/repositories/{}/branches?prefix=perago-staging-&amount=1000",
+            rig.repository
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        branches["results"].as_array().unwrap().len(),
+        0,
+        "{what}: a staging branch was left: {branches}"
+    );
+}
+
+/// The invariants of one finished run (see the module doc), counted into `tally`; the check
+/// for staging branches waits, for `concurrent` runs, until all of them have finished.
+async fn check_run(
+    rig: &Rig,
+    name: &str,
+    run: usize,
+    wf: &Value,
+    branch: &str,
+    tally: &mut Tally,
+    concurrent: bool,
+) {
+    tally.runs += 1;
+    assert_eq!(wf["status"], "COMPLETED", "{name} run {run}: {wf}");
+    tally.completed += 1;
+    let tasks = wf["tasks"].as_array().unwrap();
+    tally.attempts += tasks.len();
+    for attempt in tasks {
+        if attempt["status"] == "FAILED" {
+            tally.failed_attempts += 1;
+            let reason = attempt["reasonForIncompletion"].as_str().unwrap_or("");
+            assert!(
+                reason.contains("lakeFS ") || reason.contains("Conductor "),
+                "{name} run {run}: a FAILED reason that names no call: {reason:?}"
+            );
+        }
+    }
+    let last = tasks.last().unwrap();
+    assert_eq!(last["status"], "COMPLETED", "{name} run {run}: {wf}");
+
+    // The branch: explained, and one standing publication, the one reported.
+    let (log, _) = rig
+        .client
+        .first_parent_log(&rig.repository, branch, &rig.input, 50)
+        .await
+        .unwrap();
+    let report = history::check(&log, &rig.input, &[]);
+    assert!(
+        report.problems.is_empty(),
+        "{name} run {run}: {:?}",
+        report.problems
+    );
+    let standing = report.standing();
+    assert_eq!(standing.len(), 1, "{name} run {run}: {report:?}");
+    tally.superseded += report.entries.len() - 1;
+    let head: &Commit = &log[0];
+    assert_eq!(
+        last["outputData"]["workspace"]["ref"],
+        json!(head.id),
+        "{name} run {run}: the reported ref is the branch head"
+    );
+    // The repository's staging branches: none while no other workflow of this rig runs.
+    if !concurrent {
+        no_staging_branch(rig, &format!("{name} run {run}")).await;
+    }
 }
 
 #[tokio::test]
@@ -446,4 +467,45 @@ async fn conductor_down_around_the_report() {
         Heal::OutageOnHold("report", Duration::from_secs(10)),
     )
     .await;
+}
+
+/// Eight attempts of one pod merging into eight branches of one repository at once, round
+/// after round (`PERAGO_FAULT_RUNS` rounds, 5 by default): all publish once, and none that
+/// merged is reported failed. lakeFS's refusals of concurrent merges, if any, are retried
+/// within the merge budget and counted.
+#[tokio::test]
+async fn eight_concurrent_merges_into_one_repository() {
+    let rig = Rig::new("faults.concurrent-merges", 8).await;
+    let mut tally = Tally::default();
+    let rounds = runs_or(5);
+    for round in 0..rounds {
+        let mut started = Vec::new();
+        for i in 0..8 {
+            started.push(rig.start(round * 8 + i).await);
+        }
+        for (run, (id, branch)) in started.iter().enumerate() {
+            let wf = rig.finished(id).await;
+            check_run(
+                &rig,
+                "concurrent-merges",
+                round * 8 + run,
+                &wf,
+                branch,
+                &mut tally,
+                true,
+            )
+            .await;
+        }
+        no_staging_branch(&rig, &format!("concurrent merges round {round}")).await;
+    }
+    let metrics = rig.pod.metrics().await;
+    let refusals: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("perago_sidecar_merge_refusals_total"))
+        .collect();
+    assert_eq!(tally.failed_attempts, 0, "{tally:?}");
+    eprintln!(
+        "concurrent merges: {rounds} rounds of 8 into one repository: {} workflows COMPLETED, {} attempts, merge refusals retried: {refusals:?}",
+        tally.completed, tally.attempts
+    );
 }

@@ -94,25 +94,32 @@ impl Pattern {
     }
 }
 
+/// Whether `pattern` matches `path`, by a table of whether `pattern[i..]` matches `path[j..]`
+/// filled from the ends, one pattern segment (row) at a time: O(segments × depth) however
+/// many `**` the pattern has (trying every split of the path among them is exponential).
 fn matches(pattern: &[Segment], path: &[&str], is_dir: bool) -> bool {
-    match pattern.split_first() {
-        None => path.is_empty(),
-        Some((Segment::AnyDepth, rest)) => {
-            // Zero levels: the rest must match here; a trailing `**` matching zero levels is
-            // the base itself, which must be a directory.
-            let zero = if rest.is_empty() {
-                path.is_empty() && is_dir
-            } else {
-                matches(rest, path, is_dir)
+    let n = path.len();
+    // `below[j]`: whether the segments after the current one match `path[j..]`; at first
+    // there are none, which match the end of the path only.
+    let mut below: Vec<bool> = (0..=n).map(|j| j == n).collect();
+    for (i, segment) in pattern.iter().enumerate().rev() {
+        let last = i + 1 == pattern.len();
+        let mut row = vec![false; n + 1];
+        for j in (0..=n).rev() {
+            row[j] = match segment {
+                Segment::AnyDepth => {
+                    // Zero levels: the rest must match here; a trailing `**` matching zero
+                    // levels is the base itself, which must be a directory. Else it takes one
+                    // more level (or, trailing, the last one).
+                    let zero = if last { j == n && is_dir } else { below[j] };
+                    zero || (j < n && (row[j + 1] || (last && j + 1 == n)))
+                }
+                Segment::Name(m) => j < n && below[j + 1] && m.is_match(path[j]),
             };
-            zero || (!path.is_empty()
-                && (matches(pattern, &path[1..], is_dir) || (rest.is_empty() && path.len() == 1)))
         }
-        Some((Segment::Name(m), rest)) => match path.split_first() {
-            Some((first, tail)) => m.is_match(first) && matches(rest, tail, is_dir),
-            None => false,
-        },
+        below = row;
     }
+    below[0]
 }
 
 /// Run one phase's guardrails in order; the first failure's message is returned.
@@ -256,6 +263,31 @@ mod tests {
             matched("raw/a.parquet/**", &entries).is_empty(),
             "a file is no base directory"
         );
+    }
+
+    /// Found with the `guardrail_glob` fuzz target: matching backtracked over every way of
+    /// splitting a path among the `**` segments, so a short pattern against a deep tree ran
+    /// for hours (`**/` 14 times against 30 levels: C(44, 14) ways).
+    #[test]
+    fn many_any_depth_segments_match_in_bounded_time() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let pattern = Pattern::new(&["**"; 14].join("/")).unwrap();
+            let deep = |last: &str| Entry {
+                path: format!("{}/{last}", ["a"; 30].join("/")),
+                is_dir: false,
+            };
+            let tail = Pattern::new(&format!("{}/x", ["**"; 14].join("/"))).unwrap();
+            let _ = tx.send((
+                pattern.matches(&deep("b")),
+                tail.matches(&deep("x")),
+                tail.matches(&deep("y")),
+            ));
+        });
+        let answers = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("matching ends in bounded time");
+        assert_eq!(answers, (true, true, false));
     }
 
     fn guardrail(kind: GuardrailKind, path: &str, min: Option<i64>, max: Option<i64>) -> Guardrail {
