@@ -693,6 +693,7 @@ pub fn branch_commit(
     answer
         .get("commit_id")
         .and_then(Value::as_str)
+        .filter(|c| !c.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| LakeFsError::decode("get branch", repository, branch, "no commit_id".into()))
 }
@@ -858,6 +859,28 @@ mod tests {
             .expect("the log ends");
             assert!(logged.is_err(), "{logged:?}");
         }
+    }
+
+    /// Found by the `lakefs_response` fuzz target: an empty `commit_id` was taken for the
+    /// branch's head, and the publish fence then asked lakeFS for the log of ref `""`.
+    #[test]
+    fn a_branch_answer_without_a_commit_is_refused() {
+        for answer in [
+            json!({"id": "main", "commit_id": ""}),
+            json!({"id": "main"}),
+        ] {
+            assert_eq!(
+                branch_commit("lake", "main", &answer)
+                    .unwrap_err()
+                    .to_string(),
+                "lakeFS get branch on lake@main returned an unreadable answer: no commit_id",
+                "{answer}"
+            );
+        }
+        assert_eq!(
+            branch_commit("lake", "main", &json!({"commit_id": "c0ffee"})).unwrap(),
+            "c0ffee"
+        );
     }
 
     #[test]
