@@ -358,6 +358,10 @@ async fn a_download_reset_mid_stream() {
     )
     .await;
     assert_eq!(t.faults_applied, t.runs, "one reset per run");
+    assert_eq!(
+        t.failed_attempts, 0,
+        "the broken download is fetched again: {t:?}"
+    );
 }
 
 #[tokio::test]

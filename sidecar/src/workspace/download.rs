@@ -185,6 +185,16 @@ pub async fn download(
     Ok(manifest)
 }
 
+/// Why one fetch of an object ended without it.
+enum FetchError {
+    /// The answer broke off while its body was read: the object at a commit never changes,
+    /// so fetching it again is safe.
+    Interrupted(String),
+    Failed(String),
+}
+
+/// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
+/// with backoff) from the start.
 async fn fetch(
     client: &LakeFsClient,
     repository: &str,
@@ -193,41 +203,68 @@ async fn fetch(
     target: &PathBuf,
     timeout: Duration,
 ) -> Result<u64, String> {
+    let mut retries = 0u32;
+    loop {
+        match fetch_once(client, repository, reference, entry, target, timeout).await {
+            Ok(written) => return Ok(written),
+            Err(FetchError::Interrupted(reason)) if retries < 3 => {
+                retries += 1;
+                tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %reason,
+                    "the download of an object broke off; fetching it again");
+                if let Err(e) = tokio::fs::remove_file(target).await {
+                    return Err(format!("removing {} failed: {e}", clip_path(target)));
+                }
+                tokio::time::sleep(Duration::from_millis(100 << retries)).await;
+            }
+            Err(FetchError::Interrupted(reason) | FetchError::Failed(reason)) => {
+                return Err(reason);
+            }
+        }
+    }
+}
+
+async fn fetch_once(
+    client: &LakeFsClient,
+    repository: &str,
+    reference: &str,
+    entry: &ObjectEntry,
+    target: &PathBuf,
+    timeout: Duration,
+) -> Result<u64, FetchError> {
     let mut response = client
         .get_object(repository, reference, &entry.path, timeout)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FetchError::Failed(e.to_string()))?;
     let mut file = tokio::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(target)
         .await
-        .map_err(|e| format!("creating {} failed: {e}", clip_path(target)))?;
+        .map_err(|e| FetchError::Failed(format!("creating {} failed: {e}", clip_path(target))))?;
+    let written_failed = |e: std::io::Error| {
+        FetchError::Failed(format!("writing {} failed: {e}", clip_path(target)))
+    };
     let mut written = 0u64;
     while let Some(chunk) = response.chunk().await.map_err(|e| {
-        format!(
+        FetchError::Interrupted(format!(
             "lakeFS get object on {repository}@{} failed while reading '{}': {}",
             clip(reference, crate::lakefs::REF_MAX),
             clip(&entry.path, QUOTED_MAX),
             request_error(e)
-        )
+        ))
     })? {
         written += chunk.len() as u64;
-        file.write_all(&chunk)
-            .await
-            .map_err(|e| format!("writing {} failed: {e}", clip_path(target)))?;
+        file.write_all(&chunk).await.map_err(written_failed)?;
     }
-    file.flush()
-        .await
-        .map_err(|e| format!("writing {} failed: {e}", clip_path(target)))?;
+    file.flush().await.map_err(written_failed)?;
     if let Some(expected) = entry.size_bytes
         && expected != written
     {
-        return Err(format!(
+        return Err(FetchError::Interrupted(format!(
             "object '{}' at {repository}@{} was {written} bytes, the listing said {expected}",
             clip(&entry.path, QUOTED_MAX),
             clip(reference, crate::lakefs::REF_MAX)
-        ));
+        )));
     }
     Ok(written)
 }
