@@ -3,13 +3,14 @@
 //! answer, answer an error status itself, reset a connection in the middle of an upload or a
 //! download, delay a call, or hold it until the test releases it.
 //!
-//! Rules match on the method and a substring of the path (query included) and apply a given
-//! number of times or always; the first rule that matches wins. Every request is logged with
-//! what the proxy did to it. Anything without a matching rule is forwarded as it is.
+//! Rules match on the method, a substring of the path (query included) and optionally a
+//! substring of the request body, and apply a given number of times or always; the first rule
+//! that matches wins. Every request is logged with when it came and what the proxy did to it.
+//! Anything without a matching rule is forwarded as it is.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -34,8 +35,16 @@ pub enum Fault {
     ResetDownload { after: usize },
     /// Forward after this delay.
     Delay(Duration),
-    /// Forward once the hold of this name is released.
+    /// Forward once the hold of this name is released; close unsent if it is dropped.
     Hold(String),
+}
+
+/// Where a hold stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HoldState {
+    Holding,
+    Released,
+    Dropped,
 }
 
 impl Fault {
@@ -57,6 +66,8 @@ impl Fault {
 pub struct Seen {
     pub method: String,
     pub path: String,
+    /// When the request reached the proxy.
+    pub at: Instant,
     /// The fault applied, or `None` when it was forwarded untouched.
     pub fault: Option<String>,
 }
@@ -64,6 +75,8 @@ pub struct Seen {
 struct Rule {
     method: Option<String>,
     path: String,
+    /// A substring the request body must contain (the body is read first when one is set).
+    body: Option<String>,
     fault: Fault,
     /// Applications left; `None` is always.
     left: Option<usize>,
@@ -73,7 +86,7 @@ struct Rule {
 struct State {
     rules: Vec<Rule>,
     seen: Vec<Seen>,
-    holds: Vec<(String, watch::Sender<bool>)>,
+    holds: Vec<(String, watch::Sender<HoldState>)>,
 }
 
 /// The proxy: `url` replaces the server's base URL (same path prefix).
@@ -143,15 +156,46 @@ impl FaultProxy {
     /// Apply `fault` to the next `times` requests (`None`: every request) whose method is
     /// `method` (any when `None`) and whose path contains `path`.
     pub fn inject(&self, method: Option<&str>, path: &str, fault: Fault, times: Option<usize>) {
+        self.add_rule(method, path, None, fault, times);
+    }
+
+    /// [`inject`](Self::inject) for requests whose body also contains `body` (small bodies
+    /// only: the proxy reads a body whole before choosing when a rule looks at it).
+    pub fn inject_with_body(
+        &self,
+        method: Option<&str>,
+        path: &str,
+        body: &str,
+        fault: Fault,
+        times: Option<usize>,
+    ) {
+        self.add_rule(method, path, Some(body), fault, times);
+    }
+
+    fn add_rule(
+        &self,
+        method: Option<&str>,
+        path: &str,
+        body: Option<&str>,
+        fault: Fault,
+        times: Option<usize>,
+    ) {
         let mut state = self.state();
-        if let Fault::Hold(name) = &fault
-            && !state.holds.iter().any(|(n, _)| n == name)
-        {
-            state.holds.push((name.clone(), watch::channel(false).0));
+        if let Fault::Hold(name) = &fault {
+            // A hold of this name that was released or dropped before holds again.
+            state
+                .holds
+                .retain(|(n, h)| n != name || *h.borrow() == HoldState::Holding);
+            if !state.holds.iter().any(|(n, _)| n == name) {
+                state
+                    .holds
+                    .push((name.clone(), watch::channel(HoldState::Holding).0));
+            }
         }
         state.rules.push(Rule {
             method: method.map(str::to_owned),
             path: path.to_owned(),
+            body: body.map(str::to_owned),
             fault,
             left: times,
         });
@@ -159,11 +203,30 @@ impl FaultProxy {
 
     /// Let the calls held under `name` go on (and any later ones).
     pub fn release(&self, name: &str) {
+        self.settle(name, HoldState::Released);
+    }
+
+    /// Close the calls held under `name` (and any later ones) unsent, as if their client had
+    /// died with them in flight before they reached the server.
+    pub fn drop_held(&self, name: &str) {
+        self.settle(name, HoldState::Dropped);
+    }
+
+    fn settle(&self, name: &str, to: HoldState) {
         for (n, hold) in &self.state().holds {
             if n == name {
-                hold.send_replace(true);
+                hold.send_replace(to);
             }
         }
+    }
+
+    /// Whether a call is held under `name` now or was held before.
+    pub fn held(&self, name: &str) -> bool {
+        let fault = format!("hold-{name}");
+        self.state()
+            .seen
+            .iter()
+            .any(|s| s.fault.as_deref() == Some(&*fault))
     }
 
     /// Remove every rule, release every hold and forget the requests seen.
@@ -172,8 +235,11 @@ impl FaultProxy {
         state.rules.clear();
         state.seen.clear();
         for (_, hold) in &state.holds {
-            hold.send_replace(true);
+            if *hold.borrow() == HoldState::Holding {
+                hold.send_replace(HoldState::Released);
+            }
         }
+        state.holds.clear();
     }
 
     /// Every request seen so far.
@@ -201,13 +267,18 @@ fn choose(
     state: &Mutex<State>,
     method: &str,
     path: &str,
-) -> (Option<Fault>, Option<watch::Receiver<bool>>) {
+    body: Option<&[u8]>,
+    at: Instant,
+) -> (Option<Fault>, Option<watch::Receiver<HoldState>>) {
     let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let mut chosen = None;
     for rule in &mut state.rules {
         let matches = rule.method.as_deref().is_none_or(|m| m == method)
             && path.contains(&rule.path)
-            && rule.left != Some(0);
+            && rule.left != Some(0)
+            && rule.body.as_ref().is_none_or(|wanted| {
+                body.is_some_and(|b| String::from_utf8_lossy(b).contains(wanted.as_str()))
+            });
         if matches {
             if let Some(left) = &mut rule.left {
                 *left -= 1;
@@ -227,6 +298,7 @@ fn choose(
     state.seen.push(Seen {
         method: method.to_owned(),
         path: path.to_owned(),
+        at,
         fault: chosen.as_ref().map(Fault::name),
     });
     (chosen, hold)
@@ -243,7 +315,29 @@ async fn exchange(
         .uri()
         .path_and_query()
         .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    let (fault, hold) = choose(&state, &method, &path);
+    let at = Instant::now();
+    let (parts, body) = request.into_parts();
+    // Read the body first only when a rule looks at it for this call.
+    let looks_at_body = {
+        let state = state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.rules.iter().any(|r| {
+            r.body.is_some()
+                && r.left != Some(0)
+                && r.method.as_deref().is_none_or(|m| m == method)
+                && path.contains(&r.path)
+        })
+    };
+    let (buffered, body) = if looks_at_body {
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|_| Abort("the request body could not be read"))?
+            .to_bytes();
+        (Some(bytes), None)
+    } else {
+        (None, Some(body))
+    };
+    let (fault, hold) = choose(&state, &method, &path, buffered.as_deref(), at);
     match &fault {
         Some(Fault::DropRequest) => return Err(Abort("dropped the request unsent")),
         Some(Fault::Status(code)) => {
@@ -259,23 +353,34 @@ async fn exchange(
         Some(Fault::Delay(d)) => tokio::time::sleep(*d).await,
         Some(Fault::Hold(_)) => {
             if let Some(mut hold) = hold {
-                let _ = hold.wait_for(|released| *released).await;
+                let settled = hold
+                    .wait_for(|h| *h != HoldState::Holding)
+                    .await
+                    .map(|h| *h);
+                if matches!(settled, Ok(HoldState::Dropped)) {
+                    return Err(Abort("dropped the held request unsent"));
+                }
             }
         }
         _ => {}
     }
 
-    let (parts, body) = request.into_parts();
     let mut forward = http.request(parts.method.clone(), format!("{origin}{path}"));
     for (name, value) in &parts.headers {
         if !matches!(name.as_str(), "host" | "connection" | "transfer-encoding") {
             forward = forward.header(name, value);
         }
     }
-    let upload = body.into_data_stream().map_err(std::io::Error::other);
-    let upload: futures_util::stream::BoxStream<'static, std::io::Result<Bytes>> = match fault {
+    let upload: futures_util::stream::BoxStream<'static, std::io::Result<Bytes>> = match body {
+        Some(body) => body
+            .into_data_stream()
+            .map_err(std::io::Error::other)
+            .boxed(),
+        None => futures_util::stream::iter(buffered.map(Ok)).boxed(),
+    };
+    let upload = match fault {
         Some(Fault::ResetUpload { after }) => cut(upload, after).boxed(),
-        _ => upload.boxed(),
+        _ => upload,
     };
     let answer = forward
         .body(reqwest::Body::wrap_stream(upload))
@@ -439,6 +544,29 @@ mod tests {
         proxy.release("h");
         assert!(held.await.unwrap().unwrap().status().is_success());
 
+        proxy.inject(None, "/dropped", Fault::Hold("d".into()), None);
+        let dropped = tokio::spawn(get("/dropped"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(proxy.held("d") && !dropped.is_finished());
+        let before = calls.load(Ordering::SeqCst);
+        proxy.drop_held("d");
+        assert!(dropped.await.unwrap().is_err(), "closed unsent");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            before,
+            "the server never saw it"
+        );
+
+        proxy.inject_with_body(Some("POST"), "/up", "\"lease\"", Fault::Status(409), None);
+        let post = |body: &'static str| client.post(format!("{}/up", proxy.url)).body(body).send();
+        assert_eq!(post("{\"lease\": 1}").await.unwrap().status(), 409);
+        let other = post("{\"done\": 1}").await.unwrap();
+        assert_eq!(
+            other.text().await.unwrap(),
+            "got 11 bytes",
+            "forwarded whole"
+        );
+
         let faults: Vec<String> = proxy
             .faulted()
             .into_iter()
@@ -452,7 +580,9 @@ mod tests {
                 "status-423",
                 "reset-download-after-1000",
                 "reset-upload-after-10",
-                "hold-h"
+                "hold-h",
+                "hold-d",
+                "status-409"
             ]
         );
     }

@@ -60,6 +60,28 @@ head -c 200000 /dev/zero | tr '\0' 'x' > "$PERAGO_WORKSPACE/big.txt"
 printf '{"files": 2}' > "$PERAGO_RESULT"
 "#;
 
+/// How a scenario's task and pod are set up.
+struct Setup {
+    slots: u32,
+    retries: u32,
+    response_seconds: u32,
+    body: String,
+    /// Files of the input commit besides `data/seed.txt`.
+    seed: Vec<(String, String)>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            slots: 2,
+            retries: 3,
+            response_seconds: 10,
+            body: BODY.into(),
+            seed: Vec::new(),
+        }
+    }
+}
+
 /// A pod whose Conductor and lakeFS are the proxies, for a task of its own with retries.
 struct Rig {
     conductor: FaultProxy,
@@ -71,11 +93,32 @@ struct Rig {
     repository: String,
     input: String,
     pod: Pod,
+    /// What a replacement pod is started with.
+    contract: Value,
+    body: String,
 }
 
 impl Rig {
     async fn new(task: &str, slots: u32) -> Self {
+        Self::with(
+            task,
+            Setup {
+                slots,
+                ..Setup::default()
+            },
+        )
+        .await
+    }
+
+    async fn with(task: &str, setup: Setup) -> Self {
         let services = services().await;
+        let Setup {
+            slots,
+            retries,
+            response_seconds,
+            body,
+            seed,
+        } = setup;
         let yaml = format!(
             r#"
 apiVersion: perago.io/v1alpha1
@@ -87,7 +130,7 @@ spec:
   workspace: {{prefix: /data}}
   paramsSchema: {{type: object}}
   resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
-  controls: {{retry: {{count: 3, delaySeconds: 0}}, timeout: {{responseSeconds: 10}}}}
+  controls: {{retry: {{count: {retries}, delaySeconds: 0}}, timeout: {{responseSeconds: {response_seconds}}}}}
   executor: {{body: {{image: body, command: [sh]}}, slots: {slots}}}
 "#
         );
@@ -106,28 +149,12 @@ spec:
         let lakefs = FaultProxy::start(&services.lakefs().endpoint)
             .await
             .unwrap();
-        let bins = PodBinaries {
-            sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-            runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-        };
-        let env = [
-            ("LAKECTL_SERVER_ENDPOINT_URL", lakefs.url.as_str()),
-            ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
-            (
-                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-                LAKEFS_SECRET_ACCESS_KEY,
-            ),
-            // Short enough for the scenarios' outages to be retried within a run.
-            ("PERAGO_LAKEFS_TIMEOUT_SECONDS", "5"),
-            ("PERAGO_TRANSFER_TIMEOUT_SECONDS", "10"),
-        ];
-        let pod = Pod::start(&bins, &conductor.url, &contract, BODY, &env).await;
+        let pod = start_pod(&conductor, &lakefs, &contract, &body).await;
         let lake = Lake::new(&services.lakefs().endpoint);
         let repository = format!("{}-{}", task.replace('.', "-"), std::process::id());
-        let input = lake
-            .seed(&repository, &[("data/seed.txt", "seed")])
-            .await
-            .unwrap();
+        let mut files = vec![("data/seed.txt", "seed")];
+        files.extend(seed.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let input = lake.seed(&repository, &files).await.unwrap();
         let client = LakeFsClient::new(
             &services.lakefs().endpoint,
             LAKEFS_ACCESS_KEY_ID,
@@ -145,7 +172,21 @@ spec:
             repository,
             input,
             pod,
+            contract,
+            body,
         }
+    }
+
+    /// SIGKILL the pod's sidecar (its runner, re-parented, exits) and start a new pod in its
+    /// place, as the kubelet restarts a killed container.
+    async fn kill_and_replace(&mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pod.pid()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = self.pod.child.wait().await;
+        self.pod = start_pod(&self.conductor, &self.lakefs, &self.contract, &self.body).await;
     }
 
     /// A workflow on a branch of its own, made from the input commit.
@@ -189,6 +230,31 @@ spec:
     }
 }
 
+/// A local pod that reaches Conductor and lakeFS through the proxies.
+async fn start_pod(
+    conductor: &FaultProxy,
+    lakefs: &FaultProxy,
+    contract: &Value,
+    body: &str,
+) -> Pod {
+    let bins = PodBinaries {
+        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
+        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
+    };
+    let env = [
+        ("LAKECTL_SERVER_ENDPOINT_URL", lakefs.url.as_str()),
+        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
+        (
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+            LAKEFS_SECRET_ACCESS_KEY,
+        ),
+        // Short enough for the scenarios' outages to be retried within a run.
+        ("PERAGO_LAKEFS_TIMEOUT_SECONDS", "5"),
+        ("PERAGO_TRANSFER_TIMEOUT_SECONDS", "10"),
+    ];
+    Pod::start(&bins, &conductor.url, contract, body, &env).await
+}
+
 /// What the runs of one scenario came to.
 #[derive(Default, Debug)]
 struct Tally {
@@ -198,12 +264,44 @@ struct Tally {
     failed_attempts: usize,
     superseded: usize,
     faults_applied: usize,
+    /// Attempts Conductor timed out (their pod died or lost the lease).
+    timed_out: usize,
+}
+
+impl Tally {
+    fn print(&self, name: &str) {
+        eprintln!(
+            "fault scenario {name:<34} runs {:>3}  completed {:>3}  attempts {:>3}  failed attempts {:>3}  timed out {:>3}  superseded {:>2}  faults applied {:>3}  staging left 0  unexplained commits 0",
+            self.runs,
+            self.completed,
+            self.attempts,
+            self.failed_attempts,
+            self.timed_out,
+            self.superseded,
+            self.faults_applied
+        );
+    }
 }
 
 /// Run `runs` workflows; before each, `inject` sets the proxies, and `heal` says when an
 /// outage ends. Checks every invariant.
 async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) -> (Tally, String) {
-    let rig = Rig::new(&format!("faults.{name}"), 2).await;
+    let (tally, rig) =
+        scenario_with(name, runs, Setup::default(), Staging::Now, inject, heal).await;
+    (tally, rig.pod.metrics().await)
+}
+
+/// [`scenario`] on a task set up as `setup`, with `staging` saying when the staging branches
+/// must be gone; the rig stays for the caller to inspect.
+async fn scenario_with(
+    name: &str,
+    runs: usize,
+    setup: Setup,
+    staging: Staging,
+    inject: impl Fn(&Rig),
+    heal: Heal,
+) -> (Tally, Rig) {
+    let rig = Rig::with(&format!("faults.{name}"), setup).await;
     let mut tally = Tally::default();
     for run in 0..runs {
         inject(&rig);
@@ -255,29 +353,24 @@ async fn scenario(name: &str, runs: usize, inject: impl Fn(&Rig), heal: Heal) ->
         tally.faults_applied += rig.conductor.faulted().len() + rig.lakefs.faulted().len();
         rig.conductor.clear();
         rig.lakefs.clear();
-        check_run(&rig, name, run, &wf, &branch, &mut tally, false).await;
+        check_run(&rig, name, run, &wf, &branch, &mut tally, staging).await;
     }
-    eprintln!(
-        "fault scenario {name:<34} runs {:>3}  completed {:>3}  attempts {:>3}  failed attempts {:>3}  superseded {:>2}  faults applied {:>3}  staging left 0  unexplained commits 0",
-        tally.runs,
-        tally.completed,
-        tally.attempts,
-        tally.failed_attempts,
-        tally.superseded,
-        tally.faults_applied
-    );
-    (tally, rig.pod.metrics().await)
+    tally.print(name);
+    (tally, rig)
 }
 
-async fn no_staging_branch(rig: &Rig, what: &str) {
-    let branches = rig
-        .lake
+async fn staging_branches(rig: &Rig) -> Value {
+    rig.lake
         .get(&format!(
             "/repositories/{}/branches?prefix=perago-staging-&amount=1000",
             rig.repository
         ))
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn no_staging_branch(rig: &Rig, what: &str) {
+    let branches = staging_branches(rig).await;
     assert_eq!(
         branches["results"].as_array().unwrap().len(),
         0,
@@ -285,8 +378,19 @@ async fn no_staging_branch(rig: &Rig, what: &str) {
     );
 }
 
-/// The invariants of one finished run (see the module doc), counted into `tally`; the check
-/// for staging branches waits, for `concurrent` runs, until all of them have finished.
+/// When a run's "no staging branch" holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Staging {
+    /// As soon as the workflow ended.
+    Now,
+    /// Once a stale attempt still running beside the workflow's end has been fenced and has
+    /// cleaned up (within 20 s).
+    Settled,
+    /// Checked by the caller once every concurrent run has ended.
+    Later,
+}
+
+/// The invariants of one finished run (see the module doc), counted into `tally`.
 async fn check_run(
     rig: &Rig,
     name: &str,
@@ -294,7 +398,7 @@ async fn check_run(
     wf: &Value,
     branch: &str,
     tally: &mut Tally,
-    concurrent: bool,
+    staging: Staging,
 ) {
     tally.runs += 1;
     assert_eq!(wf["status"], "COMPLETED", "{name} run {run}: {wf}");
@@ -302,6 +406,9 @@ async fn check_run(
     let tasks = wf["tasks"].as_array().unwrap();
     tally.attempts += tasks.len();
     for attempt in tasks {
+        if attempt["status"] == "TIMED_OUT" {
+            tally.timed_out += 1;
+        }
         if attempt["status"] == "FAILED" {
             tally.failed_attempts += 1;
             let reason = attempt["reasonForIncompletion"].as_str().unwrap_or("");
@@ -336,8 +443,22 @@ async fn check_run(
         "{name} run {run}: the reported ref is the branch head"
     );
     // The repository's staging branches: none while no other workflow of this rig runs.
-    if !concurrent {
-        no_staging_branch(rig, &format!("{name} run {run}")).await;
+    let what = format!("{name} run {run}");
+    match staging {
+        Staging::Now => no_staging_branch(rig, &what).await,
+        Staging::Settled => {
+            let started = Instant::now();
+            while !staging_branches(rig).await["results"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+                && started.elapsed() < Duration::from_secs(20)
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            no_staging_branch(rig, &what).await;
+        }
+        Staging::Later => {}
     }
 }
 
@@ -496,7 +617,7 @@ async fn eight_concurrent_merges_into_one_repository() {
                 &wf,
                 branch,
                 &mut tally,
-                true,
+                Staging::Later,
             )
             .await;
         }
@@ -512,4 +633,419 @@ async fn eight_concurrent_merges_into_one_repository() {
         "concurrent merges: {rounds} rounds of 8 into one repository: {} workflows COMPLETED, {} attempts, merge refusals retried: {refusals:?}",
         tally.completed, tally.attempts
     );
+}
+
+/// A `BODY` whose first attempt runs a second longer, for a lease to be lost or a pod to be
+/// killed while it runs; it marks in the pod's directory that it started on this workflow.
+fn slow_first_body(seconds: u32) -> String {
+    format!(
+        "touch \"$T/body-started-$PERAGO_WORKFLOW_INSTANCE_ID\"\n[ \"$PERAGO_RETRY_COUNT\" = 0 ] && sleep {seconds}\n{BODY}"
+    )
+}
+
+/// Count the attempts the attempt fence found stale in a pod's log.
+fn fenced_in(log: &str) -> usize {
+    log.lines().filter(|l| l.contains("stale attempt")).count()
+}
+
+/// The attempt's lease is lost while its body runs: the proxy drops every lease extension
+/// until Conductor has timed the attempt out; the retry publishes, and the stale attempt,
+/// when its body returns, is refused by the attempt fence before it stages anything.
+#[tokio::test]
+async fn the_lease_lost_during_the_body() {
+    let (t, rig) = scenario_with(
+        "lease-lost-during-body",
+        runs(),
+        Setup {
+            response_seconds: 2,
+            body: slow_first_body(5),
+            ..Setup::default()
+        },
+        Staging::Settled,
+        |rig| {
+            rig.conductor.inject_with_body(
+                Some("POST"),
+                "/tasks",
+                "extendLease",
+                Fault::DropRequest,
+                None,
+            )
+        },
+        Heal::AfterFirstAttempt,
+    )
+    .await;
+    assert_eq!(t.timed_out, t.runs, "every first attempt timed out: {t:?}");
+    settle_fenced(&rig, t.runs).await;
+}
+
+/// The attempt's lease is lost while it stages (each upload is held back 4 s, longer than the
+/// 2 s response timeout): the stale attempt's second attempt fence refuses the merge and its
+/// staging branch is removed; the retry publishes once.
+#[tokio::test]
+async fn the_lease_lost_during_stage() {
+    let (t, rig) = scenario_with(
+        "lease-lost-during-stage",
+        runs(),
+        Setup {
+            response_seconds: 2,
+            ..Setup::default()
+        },
+        Staging::Settled,
+        |rig| {
+            rig.conductor.inject_with_body(
+                Some("POST"),
+                "/tasks",
+                "extendLease",
+                Fault::DropRequest,
+                None,
+            );
+            rig.lakefs.inject(
+                Some("POST"),
+                "/objects?",
+                Fault::Delay(Duration::from_secs(4)),
+                None,
+            );
+        },
+        Heal::AfterFirstAttempt,
+    )
+    .await;
+    assert_eq!(t.timed_out, t.runs, "every first attempt timed out: {t:?}");
+    settle_fenced(&rig, t.runs).await;
+}
+
+/// Every stale attempt of `runs` reaches its attempt fence and is refused there (within 20 s).
+async fn settle_fenced(rig: &Rig, runs: usize) {
+    let started = Instant::now();
+    while fenced_in(&rig.pod.log()) < runs && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        fenced_in(&rig.pod.log()),
+        runs,
+        "each stale attempt was refused by the attempt fence:\n{}",
+        rig.pod.log()
+    );
+}
+
+/// Where a pod is killed, and how the test knows it got there.
+enum KillPoint {
+    /// The body runs on the workflow (its marker file exists): the download is done.
+    BodyRunning,
+    /// A call is held by a proxy under this name: the sidecar is just before it.
+    Held {
+        conductor: bool,
+        method: &'static str,
+        path: &'static str,
+        body: Option<&'static str>,
+    },
+}
+
+/// The sidecar SIGKILLed at each crash point — after download (the body running), after the
+/// body (before the staging branch is made), after stage (before the merge is sent), after the
+/// merge (before cleanup) and before the COMPLETED report — `PERAGO_FAULT_RUNS` times each (2
+/// by default; the table's 20 are `PERAGO_FAULT_RUNS=20`). A new pod takes the killed one's
+/// place; Conductor times the attempt out and the retry publishes exactly once, superseding
+/// nothing (the body is deterministic), and leaves no staging branch.
+#[tokio::test]
+async fn the_sidecar_sigkilled_at_each_crash_point() {
+    let points = [
+        ("after-download", KillPoint::BodyRunning),
+        (
+            "after-body",
+            KillPoint::Held {
+                conductor: false,
+                method: "POST",
+                path: "/branches",
+                body: Some("perago-staging"),
+            },
+        ),
+        (
+            "after-stage",
+            KillPoint::Held {
+                conductor: false,
+                method: "POST",
+                path: "/merge",
+                body: None,
+            },
+        ),
+        (
+            "after-merge",
+            KillPoint::Held {
+                conductor: false,
+                method: "DELETE",
+                path: "/branches/perago-staging",
+                body: None,
+            },
+        ),
+        (
+            "before-report",
+            KillPoint::Held {
+                conductor: true,
+                method: "POST",
+                path: "/tasks",
+                body: Some("\"COMPLETED\""),
+            },
+        ),
+    ];
+    let runs = runs_or(2);
+    let mut rig = Rig::with(
+        "faults.sigkill",
+        Setup {
+            response_seconds: 2,
+            body: slow_first_body(1),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let mut n = 0;
+    for (name, point) in &points {
+        let mut tally = Tally::default();
+        for _ in 0..runs {
+            if let KillPoint::Held {
+                conductor,
+                method,
+                path,
+                body,
+            } = point
+            {
+                let proxy = if *conductor {
+                    &rig.conductor
+                } else {
+                    &rig.lakefs
+                };
+                let hold = Fault::Hold("kill".into());
+                match body {
+                    Some(b) => proxy.inject_with_body(Some(method), path, b, hold, Some(1)),
+                    None => proxy.inject(Some(method), path, hold, Some(1)),
+                }
+            }
+            let (id, branch) = rig.start(n).await;
+            let started = Instant::now();
+            loop {
+                let there = match point {
+                    KillPoint::BodyRunning => rig.pod.path(&format!("body-started-{id}")).exists(),
+                    KillPoint::Held { .. } => rig.conductor.held("kill") || rig.lakefs.held("kill"),
+                };
+                if there {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "{name}: the attempt never got there:\n{}",
+                    rig.pod.log()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            rig.kill_and_replace().await;
+            for proxy in [&rig.conductor, &rig.lakefs] {
+                // The killed sidecar's call in flight never reaches the server.
+                proxy.drop_held("kill");
+                tally.faults_applied += proxy.faulted().len();
+                proxy.clear();
+            }
+            let wf = rig.finished(&id).await;
+            check_run(&rig, name, n, &wf, &branch, &mut tally, Staging::Now).await;
+            assert_eq!(wf["tasks"][0]["status"], "TIMED_OUT", "{name}: {wf}");
+            n += 1;
+        }
+        tally.print(&format!("sigkill-{name}"));
+        assert_eq!(tally.superseded, 0, "{name}: {tally:?}");
+        assert_eq!(tally.attempts, 2 * runs, "{name}: {tally:?}");
+    }
+}
+
+/// What became of one foreign commit raced against a publication.
+#[derive(Debug, Default)]
+struct Race {
+    runs: usize,
+    /// The fence saw the foreign commit and failed the attempt without publishing.
+    fenced: usize,
+    /// The merge landed on the foreign commit: the soft fence's window.
+    on_foreign_head: usize,
+    /// The hard fence's pre-merge hook refused the merge.
+    refused_by_hard_fence: usize,
+    /// The foreign commit came after the publication.
+    after: usize,
+    /// Proxy arrival of the head check to arrival of the merge, per run (ms).
+    windows: Vec<f64>,
+    /// The foreign commit's call, per run (ms).
+    commits: Vec<f64>,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// `PERAGO_RACE_RUNS` (100 by default) foreign
+/// commits, one per workflow, each made straight to lakeFS a little after the attempt's
+/// staging commit, the delays spread over the time from that commit to the merge. Every
+/// outcome is one of four, and the history checker flags exactly the publications that landed
+/// on a foreign head.
+async fn race(hard: bool) -> Race {
+    let runs: usize = std::env::var("PERAGO_RACE_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let mut seed = Vec::new();
+    if hard {
+        let hook = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/lakefs/perago-hard-fence.yaml"
+        ))
+        .unwrap();
+        let branches: String = (0..runs).map(|r| format!("      - run-{r:03}\n")).collect();
+        assert!(hook.contains("      - main\n"));
+        seed.push((
+            "_lakefs_actions/perago-hard-fence.yaml".to_owned(),
+            hook.replace("      - main\n", &branches),
+        ));
+    }
+    let name = if hard { "race-hard" } else { "race-soft" };
+    let rig = Rig::with(
+        &format!("faults.{name}"),
+        Setup {
+            retries: 0,
+            seed,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let mut race = Race::default();
+    for run in 0..runs {
+        rig.lakefs.inject(
+            Some("POST"),
+            "/commits",
+            Fault::Hold("stage".into()),
+            Some(1),
+        );
+        let (id, branch) = rig.start(run).await;
+        let started = Instant::now();
+        while !rig.lakefs.held("stage") {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{name}: no stage"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Spread the foreign commits over the time from the staging commit to the merge.
+        let span = if race.windows.len() < 3 {
+            40.0
+        } else {
+            median(&race.windows) + median(&race.commits) + 20.0
+        };
+        let delay = span * (run as f64 + 0.5) / runs as f64;
+        rig.lakefs.release("stage");
+        tokio::time::sleep(Duration::from_secs_f64(delay / 1000.0)).await;
+        let sent = Instant::now();
+        let foreign = rig
+            .lake
+            .post(
+                &format!("/repositories/{}/branches/{branch}/commits", rig.repository),
+                json!({"message": "a foreign writer", "allow_empty": true}),
+            )
+            .await
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        race.commits.push(sent.elapsed().as_secs_f64() * 1000.0);
+        let wf = rig.finished(&id).await;
+        let seen = rig.lakefs.seen();
+        let head_check = seen
+            .iter()
+            .rfind(|s| s.method == "GET" && s.path.ends_with(&format!("/branches/{branch}")));
+        let merge = seen
+            .iter()
+            .find(|s| s.method == "POST" && s.path.contains("/merge"));
+        if let (Some(h), Some(m)) = (head_check, merge) {
+            race.windows
+                .push(m.at.duration_since(h.at).as_secs_f64() * 1000.0);
+        }
+        rig.lakefs.clear();
+
+        let (log, _) = rig
+            .client
+            .first_parent_log(&rig.repository, &branch, &rig.input, 10)
+            .await
+            .unwrap();
+        let report = history::check(&log, &rig.input, std::slice::from_ref(&foreign));
+        let t = &wf["tasks"][0];
+        let head = &log[0];
+        race.runs += 1;
+        if wf["status"] == "COMPLETED" && head.id == foreign {
+            race.after += 1;
+            assert!(report.problems.is_empty(), "{name} run {run}: {report:?}");
+            assert_eq!(
+                log[1].parents,
+                std::slice::from_ref(&rig.input),
+                "{name} run {run}"
+            );
+        } else if wf["status"] == "COMPLETED" {
+            race.on_foreign_head += 1;
+            assert_eq!(
+                head.parents,
+                std::slice::from_ref(&foreign),
+                "{name} run {run}"
+            );
+            assert_eq!(t["outputData"]["workspace"]["ref"], json!(head.id));
+            assert_eq!(
+                report.problems.len(),
+                1,
+                "{name} run {run}: the checker flags the publication: {report:?}"
+            );
+            assert!(report.problems[0].contains("is not its first parent"));
+        } else {
+            assert_eq!(wf["status"], "FAILED", "{name} run {run}: {wf}");
+            assert_eq!(head.id, foreign, "{name} run {run}: nothing published");
+            assert!(report.problems.is_empty(), "{name} run {run}: {report:?}");
+            let reason = t["reasonForIncompletion"].as_str().unwrap_or("");
+            if reason.contains("perago hard fence") {
+                race.refused_by_hard_fence += 1;
+            } else {
+                assert!(
+                    reason.contains("advanced from"),
+                    "{name} run {run}: {reason}"
+                );
+                race.fenced += 1;
+            }
+        }
+        no_staging_branch(&rig, &format!("{name} run {run}")).await;
+    }
+    eprintln!(
+        "foreign commits raced ({}): runs {}  fenced {}  published on a foreign head {}  refused by the hard fence {}  foreign after the publication {}  head check → merge median {:.1} ms  foreign commit call median {:.1} ms",
+        if hard {
+            "hard fence"
+        } else {
+            "soft fence only"
+        },
+        race.runs,
+        race.fenced,
+        race.on_foreign_head,
+        race.refused_by_hard_fence,
+        race.after,
+        median(&race.windows),
+        median(&race.commits)
+    );
+    race
+}
+
+/// Without the hard fence, a foreign commit that lands between the head check and the merge is
+/// stacked under the publication: measured here, and flagged by the history checker.
+#[tokio::test]
+async fn foreign_commits_raced_into_the_fence_without_the_hard_fence() {
+    let race = race(false).await;
+    assert_eq!(race.refused_by_hard_fence, 0, "{race:?}");
+    assert!(
+        race.fenced + race.after > 0,
+        "the race spans the window: {race:?}"
+    );
+}
+
+/// With the hard fence installed, no publication lands on a foreign head.
+#[tokio::test]
+async fn foreign_commits_raced_into_the_fence_with_the_hard_fence() {
+    let race = race(true).await;
+    assert_eq!(race.on_foreign_head, 0, "{race:?}");
 }
