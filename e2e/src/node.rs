@@ -315,19 +315,10 @@ pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
 
 /// Assemble the project's images (`e2e/bin/images`) from the static release binaries.
 pub fn build_images(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let binaries = std::env::var_os("PERAGO_RELEASE_BINARIES").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release-binaries"),
-        PathBuf::from,
-    );
-    for binary in ["perago-operator", "perago-sidecar", "perago-runner"] {
-        if !binaries.join(binary).is_file() {
-            bail!(
-                "{} has no {binary}: the node's images are made from the static release binaries; \
-                 run `make release-binaries` (make test and make demo do)",
-                binaries.display()
-            );
-        }
-    }
+    let binaries = crate::process::release_binaries(
+        &["perago-operator", "perago-sidecar", "perago-runner"],
+        "the node's images are made from them",
+    )?;
     let out = dir.join("images");
     let started = Instant::now();
     let output = Command::new(bin_dir().join("images"))

@@ -114,6 +114,21 @@ pub struct PodBinaries {
     pub runner: PathBuf,
 }
 
+impl PodBinaries {
+    /// The static release binaries, for tests outside the sidecar's crate.
+    pub fn release() -> Self {
+        let dir = crate::process::release_binaries(
+            &["perago-sidecar", "perago-runner"],
+            "local pods outside the sidecar crate's tests run them",
+        )
+        .unwrap();
+        Self {
+            sidecar: dir.join("perago-sidecar"),
+            runner: dir.join("perago-runner"),
+        }
+    }
+}
+
 /// A pod run locally.
 pub struct Pod {
     pub child: Child,

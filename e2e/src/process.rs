@@ -179,3 +179,22 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The directory of the static release binaries (`make release-binaries`, which `make test`
+/// and `make demo` run; `PERAGO_RELEASE_BINARIES` overrides), checked to hold `names`; `why`
+/// says in the error what needs them.
+pub fn release_binaries(names: &[&str], why: &str) -> Result<PathBuf> {
+    let dir = std::env::var_os("PERAGO_RELEASE_BINARIES").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release-binaries"),
+        PathBuf::from,
+    );
+    for name in names {
+        if !dir.join(name).is_file() {
+            bail!(
+                "{} has no {name} ({why}); run `make release-binaries` (make test and make demo do)",
+                dir.display()
+            );
+        }
+    }
+    Ok(dir)
+}

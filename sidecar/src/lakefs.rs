@@ -147,7 +147,7 @@ pub struct ObjectEntry {
     pub size_bytes: Option<u64>,
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct Commit {
     pub id: String,
     #[serde(default)]
@@ -156,6 +156,11 @@ pub struct Commit {
     pub message: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub committer: String,
+    /// Seconds since the epoch.
+    #[serde(default)]
+    pub creation_date: i64,
 }
 
 #[derive(Deserialize)]

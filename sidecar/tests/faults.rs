@@ -572,10 +572,10 @@ async fn lakefs_unreachable_during_stage() {
     .await;
 }
 
-/// Conductor (and lakeFS) unreachable for 10 s from the moment the attempt reports: the
-/// report is retried until the outage ends, or is lost and Conductor times the attempt out and
-/// retries it, whose fence finds the publication already made. Five runs unless
-/// `PERAGO_FAULT_RUNS` says otherwise: each waits out the outage.
+/// Conductor (and lakeFS) unreachable for `PERAGO_FAULT_OUTAGE_SECONDS` (10) from the moment
+/// the attempt reports: the report is retried until the outage ends, or is lost and Conductor
+/// times the attempt out and retries it, whose fence finds the publication already made. Five
+/// runs unless `PERAGO_FAULT_RUNS` says otherwise: each waits out the outage.
 #[tokio::test]
 async fn conductor_down_around_the_report() {
     scenario(
@@ -589,7 +589,15 @@ async fn conductor_down_around_the_report() {
                 Some(1),
             )
         },
-        Heal::OutageOnHold("report", Duration::from_secs(10)),
+        Heal::OutageOnHold(
+            "report",
+            Duration::from_secs(
+                std::env::var("PERAGO_FAULT_OUTAGE_SECONDS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(10),
+            ),
+        ),
     )
     .await;
 }

@@ -83,8 +83,74 @@ impl Report {
     }
 }
 
+/// The logical task whose confirm commit `commit` is, if it is one. The publish fence and the
+/// history checker both classify commits by this.
+pub fn confirm_of(commit: &Commit) -> Option<&str> {
+    let meta = |key: &str| commit.metadata.get(key).map(String::as_str);
+    (meta("perago.phase") == Some("confirm")).then(|| meta("perago.logical_task_key").unwrap_or(""))
+}
+
+/// Explain one commit of a first-parent history given the commit below it (`None` when the
+/// caller did not read that far): a confirm commit, checked for complete and consistent
+/// metadata, or a foreign one. Problems are sentences naming the commit.
+pub fn examine(commit: &Commit, below: Option<&Commit>) -> (Entry, Vec<String>) {
+    let id = &commit.id;
+    let mut problems = Vec::new();
+    let parent = commit.parents.first().map(String::as_str).unwrap_or("");
+    if below.is_some_and(|next| next.id != parent) {
+        problems.push(format!(
+            "{id}: the log's next commit is not its first parent {parent}"
+        ));
+    }
+    let Some(key) = confirm_of(commit) else {
+        return (Entry::Foreign { id: id.clone() }, problems);
+    };
+    let meta = |key: &str| commit.metadata.get(&format!("perago.{key}"));
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|k| {
+            meta(k).is_none() || (*k != "supersedes" && meta(k).is_some_and(String::is_empty))
+        })
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!(
+            "{id}: confirm metadata lacks {}",
+            missing.join(", ")
+        ));
+    }
+    if meta("expected_head").map(String::as_str) != Some(parent) {
+        problems.push(format!(
+            "{id}: expected_head {:?} is not its first parent {parent}",
+            meta("expected_head")
+        ));
+    }
+    let supersedes = meta("supersedes").filter(|s| !s.is_empty()).cloned();
+    if let Some(s) = &supersedes {
+        if s != parent {
+            problems.push(format!(
+                "{id}: supersedes {s}, which is not its first parent {parent}"
+            ));
+        } else if let Some(below) = below.filter(|b| b.id == *s)
+            && confirm_of(below) != Some(key)
+        {
+            problems.push(format!(
+                "{id}: supersedes {s}, which is not a confirm commit of logical task {key}"
+            ));
+        }
+    }
+    let entry = Entry::Confirm {
+        id: id.clone(),
+        logical_task_key: key.to_owned(),
+        task_id: meta("task_id").cloned().unwrap_or_default(),
+        supersedes,
+    };
+    (entry, problems)
+}
+
 /// Check `history` (first-parent, newest first, as lakeFS's log gives it) down to
-/// `input_ref`. `foreign` lists the commits the caller made itself on purpose.
+/// `input_ref`. `foreign` lists the commits the caller made itself on purpose; any other
+/// commit that is not a confirm commit is a problem.
 pub fn check(history: &[Commit], input_ref: &str, foreign: &[String]) -> Report {
     let mut report = Report::default();
     let Some(end) = history.iter().position(|c| c.id == input_ref) else {
@@ -94,67 +160,16 @@ pub fn check(history: &[Commit], input_ref: &str, foreign: &[String]) -> Report 
         return report;
     };
     for (i, commit) in history[..end].iter().enumerate() {
-        let id = &commit.id;
-        let parent = commit.parents.first().map(String::as_str).unwrap_or("");
-        if history.get(i + 1).is_some_and(|next| next.id != parent) {
+        let (entry, problems) = examine(commit, history.get(i + 1));
+        report.problems.extend(problems);
+        if matches!(entry, Entry::Foreign { .. }) && !foreign.contains(&commit.id) {
             report.problems.push(format!(
-                "{id}: the log's next commit is not its first parent {parent}"
+                "{}: neither a confirm commit nor a known foreign commit (message {:?})",
+                commit.id, commit.message
             ));
-        }
-        let meta = |key: &str| commit.metadata.get(&format!("perago.{key}"));
-        if meta("phase").map(String::as_str) != Some("confirm") {
-            if foreign.contains(id) {
-                report.entries.push(Entry::Foreign { id: id.clone() });
-            } else {
-                report.problems.push(format!(
-                    "{id}: neither a confirm commit nor a known foreign commit (message {:?})",
-                    commit.message
-                ));
-            }
             continue;
         }
-        let missing: Vec<&str> = REQUIRED
-            .iter()
-            .copied()
-            .filter(|k| {
-                meta(k).is_none() || (*k != "supersedes" && meta(k).is_some_and(String::is_empty))
-            })
-            .collect();
-        if !missing.is_empty() {
-            report.problems.push(format!(
-                "{id}: confirm metadata lacks {}",
-                missing.join(", ")
-            ));
-        }
-        if meta("expected_head").map(String::as_str) != Some(parent) {
-            report.problems.push(format!(
-                "{id}: expected_head {:?} is not its first parent {parent}",
-                meta("expected_head")
-            ));
-        }
-        let key = meta("logical_task_key").cloned().unwrap_or_default();
-        let supersedes = meta("supersedes").filter(|s| !s.is_empty()).cloned();
-        if let Some(s) = &supersedes {
-            let parent_key = history
-                .get(i + 1)
-                .filter(|p| p.id == *s)
-                .and_then(|p| p.metadata.get("perago.logical_task_key"));
-            if s != parent {
-                report.problems.push(format!(
-                    "{id}: supersedes {s}, which is not its first parent {parent}"
-                ));
-            } else if parent_key != Some(&key) {
-                report.problems.push(format!(
-                    "{id}: supersedes {s}, which is not a confirm commit of logical task {key}"
-                ));
-            }
-        }
-        report.entries.push(Entry::Confirm {
-            id: id.clone(),
-            logical_task_key: key,
-            task_id: meta("task_id").cloned().unwrap_or_default(),
-            supersedes,
-        });
+        report.entries.push(entry);
     }
     report
 }
@@ -173,6 +188,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (format!("perago.{k}"), (*v).to_owned()))
                 .collect(),
+            ..Commit::default()
         }
     }
 

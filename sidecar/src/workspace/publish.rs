@@ -210,13 +210,7 @@ pub fn classify(
             ));
         }
     };
-    let same_task = |c: &Commit| {
-        c.metadata.get("perago.phase").map(String::as_str) == Some("confirm")
-            && c.metadata
-                .get("perago.logical_task_key")
-                .map(String::as_str)
-                == Some(logical_key)
-    };
+    let same_task = |c: &Commit| super::history::confirm_of(c) == Some(logical_key);
     if range.first().is_some_and(|c| c.id == head) && range.iter().all(same_task) {
         Ok(PublishBase {
             base: head.to_owned(),
@@ -436,8 +430,8 @@ mod tests {
         Commit {
             id: id.into(),
             parents: vec![],
-            message: String::new(),
             metadata,
+            ..Commit::default()
         }
     }
 

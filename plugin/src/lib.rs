@@ -1,0 +1,27 @@
+//! `kubectl perago`: the seeds' recovery steps as commands. `history` classifies a branch's
+//! first-parent history with the same rules as the publish fence; `gc` removes the staging
+//! branches of attempts that can no longer publish. Each command builds a view first and
+//! prints it as a table, JSON or YAML; nothing is changed before every lookup has succeeded.
+
+pub mod connect;
+pub mod gc;
+pub mod history;
+pub mod output;
+
+/// How a command ended, as its exit status: 0 nothing to report, 1 something was flagged or
+/// failed (the message says what), 2 the command line was wrong.
+#[derive(Debug)]
+pub enum Failure {
+    /// Problems were found and printed with the view.
+    Flagged,
+    /// A call failed or an input was refused: one line naming what failed.
+    Error(anyhow::Error),
+    /// The command line cannot be used.
+    Usage(String),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Error(e)
+    }
+}
