@@ -38,13 +38,14 @@ fuzz:
 docs:
 	$(CARGO) run -q -p perago-operator -- reference > docs/reference/peragotask.md
 
-## Static (musl) release binaries into $(OUT), exactly as the Dockerfile's build stage makes them.
+## Static (musl) release binaries into $(OUT), exactly as the Dockerfile's build stage makes them,
+## and the kubectl plugin (kubectl-perago), released beside them.
 RELEASE_TARGET := x86_64-unknown-linux-musl
 OUT ?= target/release-binaries
 release-binaries:
-	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar --bins
+	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-kubectl --bins
 	mkdir -p $(OUT)
-	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner) $(OUT)/
+	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
 
 ## Lint the Dockerfile and check the binaries it ships (static, run as the image's user).
 check-images:

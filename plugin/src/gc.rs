@@ -1,35 +1,18 @@
-//! `kubectl perago gc`: delete the staging branches whose attempt can no longer publish. An
-//! attempt's task is read from its try commit's metadata, else from the branch name; the
-//! branch goes when Conductor has the task in a terminal status, or no longer has it and the
-//! branch is older than `--older-than`. A task that is scheduled or in progress keeps its
-//! branch, and so does anything that cannot be decided. Every lookup is made before the first
-//! deletion: a Conductor or lakeFS that fails stops the command with nothing deleted.
+//! `kubectl perago gc`: delete the staging branches whose attempt can no longer publish, by
+//! the verdicts of `perago_sidecar::workspace::janitor` (the same the running sidecars sweep
+//! with). Every verdict is made before the first deletion: a Conductor or lakeFS that fails
+//! stops the command with nothing deleted.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
 
-use perago_sidecar::conductor::ConductorClient;
-use perago_sidecar::lakefs::LakeFsClient;
+use perago_sidecar::workspace::janitor;
 
 use crate::Failure;
 use crate::connect::Endpoints;
-use crate::history::task_status;
 use crate::output::{Table, cell, columns};
-
-pub const STAGING_PREFIX: &str = "perago-staging-";
-
-/// Conductor's statuses from which a task never runs again.
-const TERMINAL: [&str; 7] = [
-    "COMPLETED",
-    "COMPLETED_WITH_ERRORS",
-    "FAILED",
-    "FAILED_WITH_TERMINAL_ERROR",
-    "TIMED_OUT",
-    "CANCELED",
-    "SKIPPED",
-];
 
 #[derive(Args, Debug)]
 pub struct GcArgs {
@@ -69,11 +52,11 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
 pub struct GcView {
     pub repository: String,
     pub dry_run: bool,
-    pub branches: Vec<BranchVerdict>,
+    pub branches: Vec<BranchAction>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct BranchVerdict {
+pub struct BranchAction {
     pub branch: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
@@ -82,61 +65,32 @@ pub struct BranchVerdict {
     pub why: String,
 }
 
-/// The task id a staging branch's name carries: `…-task-id-<id>-retry-<n>-exec-<e>`.
-pub fn task_id_from_name(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix(STAGING_PREFIX)?;
-    let (_, after) = rest.split_once("-task-id-")?;
-    let at = after.rfind("-retry-")?;
-    let (id, tail) = after.split_at(at);
-    let tail = tail.strip_prefix("-retry-")?;
-    let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
-    (digits > 0 && tail[digits..].starts_with("-exec-") && !id.is_empty()).then_some(id)
-}
-
-struct Plan {
-    branch: String,
-    task_id: Option<String>,
-    delete: bool,
-    why: String,
-}
-
 pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure> {
     let lakefs = endpoints.lakefs()?;
     let conductor = endpoints.require_conductor()?;
     let repo = args.repository.as_str();
-    let names = lakefs
-        .list_branches(repo, STAGING_PREFIX)
+    let verdicts = janitor::judge(&lakefs, &conductor, repo, args.older_than)
         .await
         .map_err(anyhow::Error::from)?;
-    let mut plans = Vec::new();
-    for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
-        plans.push(decide(&lakefs, &conductor, repo, name, args.older_than).await?);
-    }
     let mut branches = Vec::new();
     let mut failed = false;
-    for plan in plans {
-        let action = match (plan.delete, args.dry_run) {
-            (false, _) => "kept".to_owned(),
-            (true, true) => "would delete".to_owned(),
-            (true, false) => match lakefs.delete_branch(repo, &plan.branch).await {
-                Ok(()) => "deleted".to_owned(),
+    for v in verdicts {
+        let (action, why) = match (v.delete, args.dry_run) {
+            (false, _) => ("kept", v.why),
+            (true, true) => ("would delete", v.why),
+            (true, false) => match lakefs.delete_branch(repo, &v.branch).await {
+                Ok(()) => ("deleted", v.why),
                 Err(e) => {
                     failed = true;
-                    branches.push(BranchVerdict {
-                        branch: plan.branch,
-                        task_id: plan.task_id,
-                        action: "delete failed".into(),
-                        why: e.to_string(),
-                    });
-                    continue;
+                    ("delete failed", e.to_string())
                 }
             },
         };
-        branches.push(BranchVerdict {
-            branch: plan.branch,
-            task_id: plan.task_id,
-            action,
-            why: plan.why,
+        branches.push(BranchAction {
+            branch: v.branch,
+            task_id: v.task_id,
+            action: action.into(),
+            why,
         });
     }
     let view = GcView {
@@ -149,75 +103,6 @@ pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure
         return Err(Failure::Flagged);
     }
     Ok(view)
-}
-
-async fn decide(
-    lakefs: &LakeFsClient,
-    conductor: &ConductorClient,
-    repo: &str,
-    branch: &str,
-    older_than: Duration,
-) -> Result<Plan, Failure> {
-    let head = lakefs
-        .get_commit(repo, branch)
-        .await
-        .map_err(anyhow::Error::from)?;
-    // The try commit names its task; before the stage committed, only the name does.
-    let from_commit = (head.metadata.get("perago.phase").map(String::as_str) == Some("try"))
-        .then(|| head.metadata.get("perago.task_id").cloned())
-        .flatten()
-        .filter(|id| !id.is_empty());
-    let task_id = from_commit.or_else(|| task_id_from_name(branch).map(str::to_owned));
-    let plan = |delete: bool, why: String| Plan {
-        branch: branch.to_owned(),
-        task_id: task_id.clone(),
-        delete,
-        why,
-    };
-    let Some(id) = &task_id else {
-        return Ok(plan(false, "names no task".into()));
-    };
-    let status = task_status(conductor, id).await?;
-    if TERMINAL.contains(&status.as_str()) {
-        return Ok(plan(true, format!("its task is {status}")));
-    }
-    if status != "gone" {
-        return Ok(plan(false, format!("its task is {status}")));
-    }
-    // Conductor no longer has the task (archived or removed): age decides. The head commit is
-    // the try commit, or the base the branch was made from, so the age is at least this.
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let age = Duration::from_secs(now.saturating_sub(head.creation_date).max(0) as u64);
-    Ok(if age >= older_than {
-        plan(
-            true,
-            format!(
-                "Conductor no longer has its task and its head is {} old",
-                human(age)
-            ),
-        )
-    } else {
-        plan(
-            false,
-            format!(
-                "Conductor no longer has its task, but its head is only {} old (--older-than {})",
-                human(age),
-                human(older_than)
-            ),
-        )
-    })
-}
-
-fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..120 => format!("{s}s"),
-        120..7200 => format!("{}m", s / 60),
-        7200..172_800 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
-    }
 }
 
 impl Table for GcView {
@@ -251,20 +136,5 @@ mod tests {
         assert!(parse_age("7").unwrap_err().contains("unit"));
         assert!(parse_age("h").unwrap_err().contains("not an age"));
         assert!(parse_age("99999999999999999999d").is_err());
-    }
-
-    #[test]
-    fn the_task_id_is_read_from_the_branch_name() {
-        let name =
-            "perago-staging-wf-1-step-seq-1-iteration-0-task-id-5f0c-aa-retry-2-exec-x-retry-1";
-        assert_eq!(
-            task_id_from_name(name),
-            None,
-            "exec must follow the retry count"
-        );
-        let name = "perago-staging-wf-1-step-seq-1-iteration-0-task-id-5f0c-aa-retry-2-exec-e1";
-        assert_eq!(task_id_from_name(name), Some("5f0c-aa"));
-        assert_eq!(task_id_from_name("perago-staging-x"), None);
-        assert_eq!(task_id_from_name("main"), None);
     }
 }

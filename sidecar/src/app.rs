@@ -22,6 +22,7 @@ use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::attempt::Transfers;
+use crate::workspace::janitor::StagingSweep;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]
@@ -160,12 +161,14 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         )
         .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
     );
-    let conductor = ConductorClient::new(
-        &checked.conductor_url,
-        checked.request_timeout,
-        checked.credentials.clone(),
-    )
-    .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?;
+    let conductor = Arc::new(
+        ConductorClient::new(
+            &checked.conductor_url,
+            checked.request_timeout,
+            checked.credentials.clone(),
+        )
+        .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
+    );
     match conductor.task_def(&contract.task_name).await {
         Ok(Some(_)) => {}
         Ok(None) => {
@@ -220,6 +223,18 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         }
         None => None,
     };
+    let staging_sweep = match (&lakefs, checked.lakefs.as_ref()) {
+        (Some(client), Some(l)) => l.staging_sweep.map(|period| {
+            let sweep = StagingSweep::new(&contract.task_name, period, l.staging_gone_after);
+            tokio::spawn(Arc::clone(&sweep).run(
+                client.clone(),
+                Arc::clone(&conductor),
+                metrics.staging_branches_swept.clone(),
+            ));
+            sweep
+        }),
+        _ => None,
+    };
     let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
         contract,
@@ -231,6 +246,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         work_dir,
         lakefs,
         transfers,
+        staging_sweep,
     });
     broker.run(stop).await;
     if let Some((exporter, task)) = exporter {

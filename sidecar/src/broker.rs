@@ -23,11 +23,12 @@ use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::attempt::{Transfers, WorkspaceAttempt};
 use crate::workspace::input::WorkspaceRef;
+use crate::workspace::janitor::StagingSweep;
 
 pub struct Broker {
     pub contract: TaskContract,
     pub schemas: Schemas,
-    pub conductor: ConductorClient,
+    pub conductor: Arc<ConductorClient>,
     pub hub: Arc<RunnerHub>,
     pub metrics: Arc<Metrics>,
     pub settings: Checked,
@@ -35,6 +36,8 @@ pub struct Broker {
     /// Workspace tasks only.
     pub lakefs: Option<LakeFsClient>,
     pub transfers: Transfers,
+    /// Workspace tasks with the sweep on: told each repository an attempt writes to.
+    pub staging_sweep: Option<Arc<StagingSweep>>,
 }
 
 /// `min(base × 2ⁿ, cap)`.
@@ -299,7 +302,7 @@ impl Broker {
                 };
                 let outcome = match (&workspace, &self.contract.workspace, &self.lakefs) {
                     (Some(ws), Some(spec), Some(lakefs)) => {
-                        WorkspaceAttempt {
+                        let outcome = WorkspaceAttempt {
                             lakefs,
                             conductor: &self.conductor,
                             spec,
@@ -308,7 +311,11 @@ impl Broker {
                             work_dir: &self.work_dir,
                         }
                         .run(&mut run, snapshot, &dir, ws, &params)
-                        .await
+                        .await;
+                        if let Some(sweep) = &self.staging_sweep {
+                            sweep.note(&ws.repository);
+                        }
+                        outcome
                     }
                     _ => match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
                         Ok(result) => {

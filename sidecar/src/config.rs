@@ -77,6 +77,18 @@ pub struct Settings {
     /// Timeout of the merge when the task has no publish budget (seconds).
     #[arg(long, env = "PERAGO_MERGE_TIMEOUT_SECONDS", default_value_t = 300)]
     pub merge_timeout_seconds: u64,
+    /// How often the repositories this sidecar wrote to are swept for staging branches of its
+    /// task type whose attempt can no longer publish (seconds; 0 turns the sweep off).
+    #[arg(long, env = "PERAGO_STAGING_SWEEP_SECONDS", default_value_t = 600)]
+    pub staging_sweep_seconds: u64,
+    /// A staging branch whose task Conductor no longer has is swept once its head is this old
+    /// (seconds).
+    #[arg(
+        long,
+        env = "PERAGO_STAGING_GONE_AFTER_SECONDS",
+        default_value_t = 86_400
+    )]
+    pub staging_gone_after_seconds: u64,
     /// Testing only: exit abruptly at a crash point (`exit-after-body`, `exit-after-stage`,
     /// `exit-after-merge`) to prove what a crash there leaves behind, or hold before the merge
     /// (`pause-before-merge`) until the file `paused-before-merge` in the work directory is
@@ -118,6 +130,9 @@ pub struct LakeFsSettings {
     pub transfer_timeout: Duration,
     pub parallelism: usize,
     pub merge_timeout: Duration,
+    /// The period of the sweep of dead attempts' staging branches; `None` when off.
+    pub staging_sweep: Option<Duration>,
+    pub staging_gone_after: Duration,
 }
 
 impl std::fmt::Debug for LakeFsSettings {
@@ -244,6 +259,9 @@ impl Settings {
                     transfer_timeout: Duration::from_secs(self.transfer_timeout_seconds.max(1)),
                     parallelism: self.transfer_parallelism,
                     merge_timeout: Duration::from_secs(self.merge_timeout_seconds.max(1)),
+                    staging_sweep: (self.staging_sweep_seconds > 0)
+                        .then(|| Duration::from_secs(self.staging_sweep_seconds)),
+                    staging_gone_after: Duration::from_secs(self.staging_gone_after_seconds),
                 })
             }
             _ => {

@@ -176,6 +176,7 @@ struct Page<T> {
     results: Vec<T>,
 }
 
+#[derive(Clone)]
 pub struct LakeFsClient {
     http: reqwest::Client,
     /// Ends in `/api/v1`.

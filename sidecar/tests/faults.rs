@@ -656,14 +656,15 @@ fn fenced_in(log: &str) -> usize {
     log.lines().filter(|l| l.contains("stale attempt")).count()
 }
 
-/// The attempt's lease is lost while its body runs: the proxy drops every lease extension
-/// until Conductor has timed the attempt out; the retry publishes, and the stale attempt,
+/// The attempt's lease is lost while its body runs (5 runs unless `PERAGO_FAULT_RUNS` says
+/// otherwise: each waits out the timeout): the proxy drops every lease extension until
+/// Conductor has timed the attempt out; the retry publishes, and the stale attempt,
 /// when its body returns, is refused by the attempt fence before it stages anything.
 #[tokio::test]
 async fn the_lease_lost_during_the_body() {
     let (t, rig) = scenario_with(
         "lease-lost-during-body",
-        runs(),
+        runs_or(5),
         Setup {
             response_seconds: 2,
             body: slow_first_body(5),
@@ -687,13 +688,13 @@ async fn the_lease_lost_during_the_body() {
 }
 
 /// The attempt's lease is lost while it stages (each upload is held back 4 s, longer than the
-/// 2 s response timeout): the stale attempt's second attempt fence refuses the merge and its
+/// 2 s response timeout; 5 runs by default): the stale attempt's second attempt fence refuses the merge and its
 /// staging branch is removed; the retry publishes once.
 #[tokio::test]
 async fn the_lease_lost_during_stage() {
     let (t, rig) = scenario_with(
         "lease-lost-during-stage",
-        runs(),
+        runs_or(5),
         Setup {
             response_seconds: 2,
             ..Setup::default()

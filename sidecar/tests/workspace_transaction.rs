@@ -665,6 +665,83 @@ printf '{"files": 0}' > "$PERAGO_RESULT"
     assert!(pod.log().contains(&leftover), "{}", pod.log());
 }
 
+/// A step that never runs again keeps its crashed attempt's staging branch until a pod of the
+/// same task type, having written to the repository, sweeps it: here within a 1 s sweep
+/// period once the task timed out. A dead branch of another task type stays for its own pods.
+#[tokio::test]
+async fn the_periodic_sweep_removes_dead_staging_branches_of_its_task_type_only() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-sweep", &[("keep.txt", "keep")]).await;
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 2}}";
+    let mut dead = Vec::new();
+    for task in ["ws.sweep", "ws.sweep-other"] {
+        let (api, id) = start_crashing(
+            task,
+            controls,
+            DETERMINISTIC,
+            "exit-after-stage",
+            &repo,
+            &input,
+        )
+        .await;
+        assert_eq!(after_the_timeout(&api, &id).await["status"], "TIMED_OUT");
+        let branches = lake.branches(&repo).await;
+        dead.push(
+            branches
+                .into_iter()
+                .find(|b| b.starts_with("perago-staging-") && !dead.contains(b))
+                .unwrap(),
+        );
+    }
+    let (api, pod) = task_pod_with(
+        "ws.sweep",
+        "{prefix: /}",
+        controls,
+        DETERMINISTIC,
+        &[("PERAGO_STAGING_SWEEP_SECONDS", "1")],
+    )
+    .await;
+    // Another workflow of the same task type writes to the repository (a branch of its own).
+    lake.client
+        .create_branch(&repo, "other", &input)
+        .await
+        .unwrap();
+    let id = api
+        .start(
+            "ws.sweep",
+            "writer",
+            json!({"workspace": {"repository": repo, "branch": "other", "refType": "commit", "ref": input},
+                   "params": {}}),
+        )
+        .await;
+    assert_eq!(api.finished(&id).await["status"], "COMPLETED");
+    let started = std::time::Instant::now();
+    while lake.branches(&repo).await.contains(&dead[0]) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "not swept:\n{}",
+            pod.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = pod
+        .metrics_with(&["perago_sidecar_staging_branches_swept_total 1"])
+        .await;
+    assert!(metrics.contains("perago_sidecar_staging_branches_swept_total 1"));
+    assert!(
+        pod.log()
+            .lines()
+            .any(|l| l.contains("can no longer publish") && l.contains(&dead[0])),
+        "{}",
+        pod.log()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        lake.branches(&repo).await.contains(&dead[1]),
+        "another task type's branch is left to its own pods"
+    );
+}
+
 #[tokio::test]
 async fn a_crash_after_merge_is_superseded_by_the_retry_and_the_prefix_equals_its_workspace() {
     let lake = Lake::new().await;

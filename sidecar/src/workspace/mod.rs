@@ -6,5 +6,6 @@ pub mod download;
 pub mod guardrails;
 pub mod history;
 pub mod input;
+pub mod janitor;
 pub mod publish;
 pub mod snapshot;
