@@ -22,6 +22,7 @@ use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::attempt::Transfers;
+use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::janitor::StagingSweep;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
@@ -235,6 +236,13 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         }),
         _ => None,
     };
+    let hard_fence = match (&lakefs, &contract.workspace) {
+        (Some(client), Some(ws)) if !ws.read_only => Some(HardFenceWatch::new(
+            client.clone(),
+            metrics.hard_fence_installed.clone(),
+        )),
+        _ => None,
+    };
     let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
         contract,
@@ -247,6 +255,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         lakefs,
         transfers,
         staging_sweep,
+        hard_fence,
     });
     broker.run(stop).await;
     if let Some((exporter, task)) = exporter {

@@ -22,6 +22,7 @@ use crate::outcome::Outcome;
 use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::attempt::{Transfers, WorkspaceAttempt};
+use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::input::WorkspaceRef;
 use crate::workspace::janitor::StagingSweep;
 
@@ -38,6 +39,8 @@ pub struct Broker {
     pub transfers: Transfers,
     /// Workspace tasks with the sweep on: told each repository an attempt writes to.
     pub staging_sweep: Option<Arc<StagingSweep>>,
+    /// Writable workspace tasks: told each target branch an attempt publishes to.
+    pub hard_fence: Option<Arc<HardFenceWatch>>,
 }
 
 /// `min(base × 2ⁿ, cap)`.
@@ -314,6 +317,9 @@ impl Broker {
                         .await;
                         if let Some(sweep) = &self.staging_sweep {
                             sweep.note(&ws.repository);
+                        }
+                        if let Some(watch) = &self.hard_fence {
+                            watch.note(&ws.repository, &ws.branch);
                         }
                         outcome
                     }

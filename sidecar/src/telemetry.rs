@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -64,6 +64,7 @@ pub struct Metrics {
     pub lease_extensions: IntCounterVec,
     pub merge_refusals: IntCounterVec,
     pub staging_branches_swept: IntCounter,
+    pub hard_fence_installed: IntGaugeVec,
     runtime: RuntimeMetrics,
     application: HashMap<String, AppMetric>,
     task_name: String,
@@ -325,6 +326,17 @@ impl Metrics {
                 "perago_sidecar_staging_branches_swept_total",
                 "Staging branches of dead attempts of this task type removed by the periodic sweep.",
             )?,
+            hard_fence_installed: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "perago_sidecar_hard_fence_installed",
+                        "1 when the hard fence guards the target branch this pod publishes to, 0 when only the soft fence does.",
+                    ),
+                    &["repository", "branch"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             runtime,
             application,
             task_name: task_name.to_owned(),

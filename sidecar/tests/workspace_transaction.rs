@@ -950,12 +950,14 @@ async fn the_hard_fence_refuses_a_concurrent_advancement() {
     )
     .await;
     let paused = pod.path("work/paused-before-merge");
+    let mut repos = Vec::new();
     for (guarded, case) in [(true, "guarded"), (false, "unguarded")] {
         let mut files = vec![("a.txt", "a")];
         if guarded {
             files.push(("_lakefs_actions/perago-hard-fence.yaml", hook.as_str()));
         }
         let (repo, input) = lake.repository(&format!("ws-hard-{case}"), &files).await;
+        repos.push(repo.clone());
         let id = start_on(&api, "ws.hardfence", case, &repo, &input).await;
         wait_file_exists(&paused).await;
         let foreign = lake
@@ -990,6 +992,30 @@ async fn the_hard_fence_refuses_a_concurrent_advancement() {
         }
         lake.assert_no_staging_branch(&repo).await;
     }
+    // The pod learnt which target branch the hard fence guards, and warned about the other.
+    let expected = [
+        format!(
+            "perago_sidecar_hard_fence_installed{{branch=\"main\",repository=\"{}\"}} 1",
+            repos[0]
+        ),
+        format!(
+            "perago_sidecar_hard_fence_installed{{branch=\"main\",repository=\"{}\"}} 0",
+            repos[1]
+        ),
+    ];
+    let metrics = pod
+        .metrics_with(&expected.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    for line in &expected {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    let log = pod.log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("the hard fence is not installed"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(warnings[0].contains(&repos[1]), "{}", warnings[0]);
 }
 
 async fn wait_file_exists(path: &std::path::Path) {

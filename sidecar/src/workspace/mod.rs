@@ -4,6 +4,7 @@
 pub mod attempt;
 pub mod download;
 pub mod guardrails;
+pub mod hard_fence;
 pub mod history;
 pub mod input;
 pub mod janitor;

@@ -1,0 +1,162 @@
+//! Whether the opt-in hard fence guards a target branch. Without it, a commit that lands
+//! between the publish fence's head check and the merge is stacked under the publication
+//! (docs/reliability.md measures that window). The sidecar checks each target branch it
+//! publishes to once, exports the answer as a gauge and warns when the fence is missing;
+//! `kubectl perago history` reports the same check in its header.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus::IntGaugeVec;
+use tracing::{info, warn};
+
+use crate::lakefs::{LakeFsClient, LakeFsError};
+
+/// Where lakeFS reads actions from, and the metadata key the hard fence's hook compares: an
+/// action whose pre-merge hook script reads it is taken for the hard fence.
+pub const ACTIONS_PREFIX: &str = "_lakefs_actions/";
+pub const EXPECTED_HEAD_KEY: &str = "perago.expected_head";
+
+/// Whether an action file's text runs a pre-merge hook comparing `perago.expected_head` on
+/// merges into `branch`: no branch list means every branch; entries may be globs.
+pub fn fences_branch(text: &str, branch: &str) -> bool {
+    let Ok(action) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
+        return false;
+    };
+    let Some(pre_merge) = action.get("on").and_then(|on| on.get("pre-merge")) else {
+        return false;
+    };
+    let compares = action
+        .get("hooks")
+        .and_then(serde_yaml::Value::as_sequence)
+        .is_some_and(|hooks| {
+            hooks.iter().any(|h| {
+                h.get("properties")
+                    .and_then(|p| p.get("script"))
+                    .and_then(serde_yaml::Value::as_str)
+                    .is_some_and(|s| s.contains(EXPECTED_HEAD_KEY))
+            })
+        });
+    let branches: Vec<&str> = pre_merge
+        .get("branches")
+        .and_then(serde_yaml::Value::as_sequence)
+        .map(|b| b.iter().filter_map(serde_yaml::Value::as_str).collect())
+        .unwrap_or_default();
+    compares
+        && (branches.is_empty()
+            || branches.iter().any(|pattern| {
+                *pattern == branch
+                    || globset::Glob::new(pattern)
+                        .map(|g| g.compile_matcher().is_match(branch))
+                        .unwrap_or(false)
+            }))
+}
+
+/// The action file at `reference` that installs the hard fence for `branch`, if any.
+pub async fn installed_by(
+    lakefs: &LakeFsClient,
+    repository: &str,
+    reference: &str,
+    branch: &str,
+) -> Result<Option<String>, LakeFsError> {
+    let actions = lakefs
+        .list_objects(repository, reference, ACTIONS_PREFIX)
+        .await?;
+    for entry in actions
+        .iter()
+        .filter(|e| e.path.ends_with(".yaml") || e.path.ends_with(".yml"))
+    {
+        let response = lakefs
+            .get_object(repository, reference, &entry.path, Duration::from_secs(30))
+            .await?;
+        // An action file is small; one that cannot be read is not taken for the fence.
+        let Ok(text) = response.text().await else {
+            continue;
+        };
+        if fences_branch(&text, branch) {
+            return Ok(Some(entry.path.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// The target branches this sidecar has checked, so each is checked once.
+pub struct HardFenceWatch {
+    lakefs: LakeFsClient,
+    installed: IntGaugeVec,
+    checked: Mutex<BTreeSet<(String, String)>>,
+}
+
+impl HardFenceWatch {
+    pub fn new(lakefs: LakeFsClient, installed: IntGaugeVec) -> Arc<Self> {
+        Arc::new(Self {
+            lakefs,
+            installed,
+            checked: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// An attempt publishes to `repository@branch`: the first time, check it in the
+    /// background (the attempt does not wait).
+    pub fn note(self: &Arc<Self>, repository: &str, branch: &str) {
+        let first = self
+            .checked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((repository.to_owned(), branch.to_owned()));
+        if first {
+            let (watch, repository, branch) =
+                (Arc::clone(self), repository.to_owned(), branch.to_owned());
+            tokio::spawn(async move { watch.check(&repository, &branch).await });
+        }
+    }
+
+    async fn check(&self, repository: &str, branch: &str) {
+        let gauge = self.installed.with_label_values(&[repository, branch]);
+        match installed_by(&self.lakefs, repository, branch, branch).await {
+            Ok(Some(action)) => {
+                gauge.set(1);
+                info!(
+                    repository,
+                    branch, action, "the hard fence guards this target branch"
+                );
+            }
+            Ok(None) => {
+                gauge.set(0);
+                warn!(
+                    repository,
+                    branch,
+                    "the hard fence is not installed on this target branch: a commit landing between the publish fence and the merge is stacked under the publication (kubectl perago install-fence installs it)"
+                );
+            }
+            Err(e) => {
+                // Unknown for now: the gauge stays absent and the next publication checks again.
+                self.checked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&(repository.to_owned(), branch.to_owned()));
+                warn!(repository, branch, error = %e, "checking for the hard fence failed; the next publication checks again");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hard_fence_is_recognised_for_its_branches_only() {
+        let shipped = include_str!("../../../deploy/lakefs/perago-hard-fence.yaml");
+        assert!(fences_branch(shipped, "main"));
+        assert!(!fences_branch(shipped, "dev"));
+        let all = shipped.replace("    branches:\n      - main\n", "");
+        assert!(fences_branch(&all, "dev"));
+        assert!(!fences_branch(
+            &shipped.replace(EXPECTED_HEAD_KEY, "other"),
+            "main"
+        ));
+        assert!(!fences_branch("not: [yaml", "main"));
+    }
+}
