@@ -27,6 +27,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # distroless "static": no shell, no package manager, CA certificates and tzdata only.
 FROM gcr.io/distroless/static-debian12:nonroot AS operator
 COPY --from=build /out/perago-operator /usr/local/bin/perago-operator
+# kubectl-perago too, for the chart's optional staging-branch CronJob (stagingGc).
+COPY --from=build /out/kubectl-perago /usr/local/bin/kubectl-perago
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/perago-operator"]

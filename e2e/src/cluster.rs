@@ -175,17 +175,7 @@ impl Cluster {
     pub fn install_operator(&self, extra: &[&str]) -> Result<Duration> {
         let started = Instant::now();
         self.restricted_namespace(OPERATOR_NAMESPACE)?;
-        let (image, image_tag) = OPERATOR_IMAGE.rsplit_once(':').context("operator image")?;
-        let (sidecar, sidecar_tag) = SIDECAR_IMAGE.rsplit_once(':').context("sidecar image")?;
-        let sets = [
-            format!("image.repository={image}"),
-            format!("image.tag={image_tag}"),
-            format!("sidecarImage.repository={sidecar}"),
-            format!("sidecarImage.tag={sidecar_tag}"),
-            format!("conductor.url={}", self.conductor_url),
-            format!("lakefs.endpoint={}", self.lakefs_endpoint),
-            format!("lakefs.credentialsSecret={LAKEFS_SECRET}"),
-        ];
+        let sets = self.release_values()?;
         let mut args = vec![
             "install",
             RELEASE,
@@ -210,6 +200,83 @@ impl Cluster {
             format!("the operator did not become available:\n{pods}\n{events}")
         })?;
         Ok(started.elapsed())
+    }
+
+    /// The chart values every install here sets: the node's images, the harness's servers.
+    fn release_values(&self) -> Result<Vec<String>> {
+        let (image, image_tag) = OPERATOR_IMAGE.rsplit_once(':').context("operator image")?;
+        let (sidecar, sidecar_tag) = SIDECAR_IMAGE.rsplit_once(':').context("sidecar image")?;
+        Ok(vec![
+            format!("image.repository={image}"),
+            format!("image.tag={image_tag}"),
+            format!("sidecarImage.repository={sidecar}"),
+            format!("sidecarImage.tag={sidecar_tag}"),
+            format!("conductor.url={}", self.conductor_url),
+            format!("lakefs.endpoint={}", self.lakefs_endpoint),
+            format!("lakefs.credentialsSecret={LAKEFS_SECRET}"),
+        ])
+    }
+
+    /// The chart's staging-branch CronJob (`stagingGc`) for `repositories`, rendered with the
+    /// release's values and applied in the operator's namespace (with the lakeFS key it
+    /// reads), then run once now as a Job made from it. Returns the Job's log.
+    pub fn run_staging_gc(&self, job: &str, repositories: &[&str]) -> Result<String> {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {LAKEFS_SECRET}\n  namespace: {OPERATOR_NAMESPACE}\n\
+             stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: {LAKEFS_ACCESS_KEY_ID}\n  \
+             LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: {LAKEFS_SECRET_ACCESS_KEY}\n"
+        ))?;
+        let mut sets = self.release_values()?;
+        sets.push("stagingGc.enabled=true".into());
+        sets.push(format!(
+            "stagingGc.repositories={{{}}}",
+            repositories.join(",")
+        ));
+        let mut args = vec![
+            "template",
+            RELEASE,
+            "charts/perago-operator",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--kube-version",
+            "v1.35.0",
+            "--show-only",
+            "templates/staging-gc.yaml",
+        ];
+        for set in &sets {
+            args.extend(["--set", set]);
+        }
+        let cronjob = self.helm(&args)?;
+        self.apply(&cronjob)?;
+        let cronjob_name = format!("cronjob/{OPERATOR_DEPLOYMENT}-staging-gc");
+        self.kubectl(&[
+            "create",
+            "job",
+            "-n",
+            OPERATOR_NAMESPACE,
+            job,
+            "--from",
+            &cronjob_name,
+        ])?;
+        let job_ref = format!("job/{job}");
+        let waited = self.kubectl(&[
+            "wait",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--for=condition=complete",
+            "--timeout=120s",
+            &job_ref,
+        ]);
+        let logs = self
+            .kubectl(&["logs", "-n", OPERATOR_NAMESPACE, &job_ref])
+            .unwrap_or_default();
+        waited.with_context(|| {
+            let describe = self
+                .kubectl(&["describe", "-n", OPERATOR_NAMESPACE, &job_ref])
+                .unwrap_or_default();
+            format!("the staging-gc job did not complete:\n{logs}\n{describe}")
+        })?;
+        Ok(logs)
     }
 
     /// The operator's logs (every replica), for checks such as "no Forbidden".

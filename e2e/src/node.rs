@@ -316,7 +316,12 @@ pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
 /// Assemble the project's images (`e2e/bin/images`) from the static release binaries.
 pub fn build_images(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let binaries = crate::process::release_binaries(
-        &["perago-operator", "perago-sidecar", "perago-runner"],
+        &[
+            "perago-operator",
+            "perago-sidecar",
+            "perago-runner",
+            "kubectl-perago",
+        ],
         "the node's images are made from them",
     )?;
     let out = dir.join("images");

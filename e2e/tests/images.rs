@@ -18,7 +18,12 @@ use perago_e2e::process::{bin_dir, remove_after_exit, stdout_of};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-const BINARIES: [&str; 3] = ["perago-operator", "perago-sidecar", "perago-runner"];
+const BINARIES: [&str; 4] = [
+    "perago-operator",
+    "perago-sidecar",
+    "perago-runner",
+    "kubectl-perago",
+];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

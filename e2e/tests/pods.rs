@@ -1565,3 +1565,77 @@ async fn an_hpa_owns_the_replicas_of_a_task_and_the_operator_follows() {
         .kubectl(&["delete", "hpa", "-n", namespace, "features-build"])
         .unwrap();
 }
+
+/// The chart's staging-branch CronJob, run once on the node: `kubectl perago gc` in the
+/// operator's image deletes the staging branch of an attempt whose task is terminal and keeps
+/// the one whose task is still scheduled.
+#[tokio::test]
+async fn the_staging_gc_cronjob_removes_dead_attempts_branches() {
+    let Some((services, cluster)) =
+        cluster("the_staging_gc_cronjob_removes_dead_attempts_branches").await
+    else {
+        return;
+    };
+    let (lake, repository, input_ref) = seeded(services, "pods-staging-gc").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let task = "pods.staging-gc";
+    conductor
+        .call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([{"name": task, "ownerEmail": "e2e@example.com",
+                           "retryCount": 0, "responseTimeoutSeconds": 60}])),
+        )
+        .await;
+    // Two workflows nobody works on: one terminated (its task CANCELED), one left scheduled.
+    let mut branches = Vec::new();
+    for case in ["dead", "scheduled"] {
+        let id = conductor.start(task, case, json!({})).await;
+        if case == "dead" {
+            conductor
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/workflow/{id}?reason=test"),
+                    None,
+                )
+                .await;
+        }
+        let wf = conductor.workflow(&id).await;
+        let task_id = wf["tasks"][0]["taskId"].as_str().unwrap().to_owned();
+        let branch = format!(
+            "perago-staging-{id}-step-seq-1-iteration-0-task-id-{task_id}-retry-0-exec-e2e"
+        );
+        lake.post(
+            &format!("/repositories/{repository}/branches"),
+            json!({"name": branch, "source": input_ref}),
+        )
+        .await
+        .unwrap();
+        branches.push((id, branch));
+    }
+    let log = cluster
+        .run_staging_gc("staging-gc-now", &[&repository])
+        .unwrap();
+    eprintln!("staging-gc job:\n{log}");
+    let left: Vec<String> = lake
+        .get(&format!(
+            "/repositories/{repository}/branches?prefix=perago-staging-"
+        ))
+        .await
+        .unwrap()["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left, [branches[1].1.clone()], "{log}");
+    assert!(log.contains("DELETED") && log.contains("CANCELED"), "{log}");
+    assert!(log.contains("KEPT") && log.contains("SCHEDULED"), "{log}");
+    conductor
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/workflow/{}?reason=test", branches[1].0),
+            None,
+        )
+        .await;
+}

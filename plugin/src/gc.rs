@@ -16,8 +16,9 @@ use crate::output::{Table, cell, columns};
 
 #[derive(Args, Debug)]
 pub struct GcArgs {
-    #[arg(long)]
-    pub repository: String,
+    /// A lakeFS repository to clean (repeat for more).
+    #[arg(long = "repository", required = true)]
+    pub repositories: Vec<String>,
     /// How old a branch whose task Conductor no longer has must be to go: `90s`, `30m`,
     /// `12h`, `7d`.
     #[arg(long, default_value = "24h", value_parser = parse_age)]
@@ -50,13 +51,14 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Serialize)]
 pub struct GcView {
-    pub repository: String,
+    pub repositories: Vec<String>,
     pub dry_run: bool,
     pub branches: Vec<BranchAction>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct BranchAction {
+    pub repository: String,
     pub branch: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
@@ -68,17 +70,21 @@ pub struct BranchAction {
 pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure> {
     let lakefs = endpoints.lakefs()?;
     let conductor = endpoints.require_conductor()?;
-    let repo = args.repository.as_str();
-    let verdicts = janitor::judge(&lakefs, &conductor, repo, args.older_than)
-        .await
-        .map_err(anyhow::Error::from)?;
+    // Every verdict, in every repository, before the first deletion.
+    let mut judged = Vec::new();
+    for repo in &args.repositories {
+        let verdicts = janitor::judge(&lakefs, &conductor, repo, args.older_than)
+            .await
+            .map_err(anyhow::Error::from)?;
+        judged.extend(verdicts.into_iter().map(|v| (repo.clone(), v)));
+    }
     let mut branches = Vec::new();
     let mut failed = false;
-    for v in verdicts {
+    for (repository, v) in judged {
         let (action, why) = match (v.delete, args.dry_run) {
             (false, _) => ("kept", v.why),
             (true, true) => ("would delete", v.why),
-            (true, false) => match lakefs.delete_branch(repo, &v.branch).await {
+            (true, false) => match lakefs.delete_branch(&repository, &v.branch).await {
                 Ok(()) => ("deleted", v.why),
                 Err(e) => {
                     failed = true;
@@ -87,6 +93,7 @@ pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure
             },
         };
         branches.push(BranchAction {
+            repository,
             branch: v.branch,
             task_id: v.task_id,
             action: action.into(),
@@ -94,7 +101,7 @@ pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure
         });
     }
     let view = GcView {
-        repository: repo.to_owned(),
+        repositories: args.repositories.clone(),
         dry_run: args.dry_run,
         branches,
     };
@@ -108,7 +115,7 @@ pub async fn run(endpoints: &Endpoints, args: &GcArgs) -> Result<GcView, Failure
 impl Table for GcView {
     fn table(&self) -> String {
         if self.branches.is_empty() {
-            return format!("{}: no staging branches\n", self.repository);
+            return format!("{}: no staging branches\n", self.repositories.join(", "));
         }
         let rows: Vec<Vec<String>> = self
             .branches
@@ -116,12 +123,13 @@ impl Table for GcView {
             .map(|b| {
                 vec![
                     b.action.to_uppercase(),
-                    cell(&b.branch, 120),
+                    cell(&b.repository, 40),
+                    cell(&b.branch, 250),
                     cell(&b.why, 200),
                 ]
             })
             .collect();
-        columns(&["ACTION", "BRANCH", "WHY"], &rows)
+        columns(&["ACTION", "REPOSITORY", "BRANCH", "WHY"], &rows)
     }
 }
 

@@ -16,11 +16,7 @@ use perago_sidecar::workspace::history::{Entry, examine};
 use crate::Failure;
 use crate::connect::Endpoints;
 use crate::output::{Table, cell, columns};
-
-/// The action file `deploy/lakefs/perago-hard-fence.yaml` is installed as, and the hook it
-/// runs is recognised by the metadata key its script compares.
-const ACTIONS_PREFIX: &str = "_lakefs_actions/";
-const HARD_FENCE_KEY: &str = "perago.expected_head";
+use perago_sidecar::workspace::hard_fence;
 
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
@@ -214,70 +210,18 @@ fn link_supersessions(commits: &mut [CommitView]) {
 }
 
 /// Whether an action file on the branch head runs the hard fence's pre-merge hook for this
-/// branch.
-async fn hard_fence(
+/// branch (the sidecar's own check, `workspace::hard_fence`).
+pub async fn hard_fence(
     lakefs: &LakeFsClient,
     repo: &str,
     branch: &str,
     head: &str,
 ) -> anyhow::Result<HardFence> {
-    let actions = lakefs.list_objects(repo, head, ACTIONS_PREFIX).await?;
-    for entry in actions
-        .iter()
-        .filter(|e| e.path.ends_with(".yaml") || e.path.ends_with(".yml"))
-    {
-        let text = lakefs
-            .get_object(repo, head, &entry.path, std::time::Duration::from_secs(30))
-            .await?
-            .text()
-            .await
-            .with_context(|| format!("reading {}", entry.path))?;
-        if fences_branch(&text, branch) {
-            return Ok(HardFence {
-                installed: true,
-                action: Some(entry.path.clone()),
-            });
-        }
-    }
+    let action = hard_fence::installed_by(lakefs, repo, head, branch).await?;
     Ok(HardFence {
-        installed: false,
-        action: None,
+        installed: action.is_some(),
+        action,
     })
-}
-
-/// Whether an action file's text runs a pre-merge hook comparing `perago.expected_head` on
-/// merges into `branch`: no branch list means every branch; entries may be globs.
-pub fn fences_branch(text: &str, branch: &str) -> bool {
-    let Ok(action) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
-        return false;
-    };
-    let Some(pre_merge) = action.get("on").and_then(|on| on.get("pre-merge")) else {
-        return false;
-    };
-    let compares = action
-        .get("hooks")
-        .and_then(serde_yaml::Value::as_sequence)
-        .is_some_and(|hooks| {
-            hooks.iter().any(|h| {
-                h.get("properties")
-                    .and_then(|p| p.get("script"))
-                    .and_then(serde_yaml::Value::as_str)
-                    .is_some_and(|s| s.contains(HARD_FENCE_KEY))
-            })
-        });
-    let branches: Vec<&str> = pre_merge
-        .get("branches")
-        .and_then(serde_yaml::Value::as_sequence)
-        .map(|b| b.iter().filter_map(serde_yaml::Value::as_str).collect())
-        .unwrap_or_default();
-    compares
-        && (branches.is_empty()
-            || branches.iter().any(|pattern| {
-                *pattern == branch
-                    || globset::Glob::new(pattern)
-                        .map(|g| g.compile_matcher().is_match(branch))
-                        .unwrap_or(false)
-            }))
 }
 
 impl Table for HistoryView {
@@ -291,7 +235,7 @@ impl Table for HistoryView {
                 Some(action) => format!("installed ({action})"),
                 None => "NOT installed: a commit landing between the publish fence and the merge \
                          is stacked under the publication (see kubectl perago install-fence in \
-                         docs/operations.md)"
+                         docs/kubectl-perago.md)"
                     .into(),
             }
         );
@@ -358,25 +302,4 @@ impl Table for HistoryView {
 
 fn short(id: &str) -> String {
     id.chars().take(12).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_hard_fence_is_recognised_for_its_branches_only() {
-        let shipped = include_str!("../../deploy/lakefs/perago-hard-fence.yaml");
-        assert!(fences_branch(shipped, "main"));
-        assert!(!fences_branch(shipped, "dev"));
-        let all = shipped.replace("    branches:\n      - main\n", "");
-        assert!(fences_branch(&all, "dev"));
-        let glob = shipped.replace("- main", "- \"run-*\"");
-        assert!(fences_branch(&glob, "run-001") && !fences_branch(&glob, "main"));
-        assert!(!fences_branch(
-            &shipped.replace(HARD_FENCE_KEY, "other"),
-            "main"
-        ));
-        assert!(!fences_branch("not: [yaml", "main"));
-    }
 }

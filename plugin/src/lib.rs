@@ -1,9 +1,13 @@
 //! `kubectl perago`: the seeds' recovery steps as commands. `history` classifies a branch's
-//! first-parent history with the same rules as the publish fence; `gc` removes the staging
-//! branches of attempts that can no longer publish. Each command builds a view first and
-//! prints it as a table, JSON or YAML; nothing is changed before every lookup has succeeded.
+//! first-parent history with the same rules as the publish fence; `explain` says what became
+//! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
+//! attempts that can no longer publish; `install-fence` commits the hard fence on a branch.
+//! Each command builds a view first and prints it as a table, JSON or YAML; nothing is changed
+//! before every lookup has succeeded.
 
 pub mod connect;
+pub mod explain;
+pub mod fence;
 pub mod gc;
 pub mod history;
 pub mod output;

@@ -1,4 +1,4 @@
-//! `kubectl-perago`: on PATH, `kubectl perago …`. See docs/operations.md.
+//! `kubectl-perago`: on PATH, `kubectl perago …`. See docs/kubectl-perago.md.
 
 use std::process::ExitCode;
 
@@ -6,14 +6,14 @@ use clap::{Parser, Subcommand};
 
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
-use perago_kubectl::{Failure, gc, history};
+use perago_kubectl::{Failure, explain, fence, gc, history};
 
 #[derive(Parser)]
 #[command(
     name = "kubectl-perago",
     bin_name = "kubectl perago",
     version,
-    about = "Explain what Perago tasks did to lakeFS branches, and clean up after dead attempts",
+    about = "Explain what Perago tasks did to lakeFS branches, clean up after dead attempts, install the hard fence",
     after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage."
 )]
 struct Cli {
@@ -30,8 +30,12 @@ struct Cli {
 enum Command {
     /// Classify a branch's first-parent history: publications, supersessions, foreign commits.
     History(history::HistoryArgs),
+    /// Say what became of each attempt of a workflow's workspace steps.
+    Explain(explain::ExplainArgs),
     /// Delete the staging branches of attempts that can no longer publish.
     Gc(gc::GcArgs),
+    /// Commit the hard fence (a lakeFS pre-merge action) on a target branch.
+    InstallFence(fence::InstallFenceArgs),
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
@@ -45,10 +49,28 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 Err(Failure::Flagged)
             }
         }
+        Command::Explain(args) => {
+            let view = explain::run(&cli.endpoints, args).await?;
+            print!("{}", render(&view, cli.output)?);
+            if view.needs_attention() {
+                Err(Failure::Flagged)
+            } else {
+                Ok(())
+            }
+        }
         Command::Gc(args) => {
             let view = gc::run(&cli.endpoints, args).await?;
             print!("{}", render(&view, cli.output)?);
             Ok(())
+        }
+        Command::InstallFence(args) => {
+            let view = fence::run(&cli.endpoints, args).await?;
+            print!("{}", render(&view, cli.output)?);
+            if view.outcome == fence::Outcome::Refused {
+                Err(Failure::Flagged)
+            } else {
+                Ok(())
+            }
         }
     }
 }

@@ -5,174 +5,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use perago_api::{contract, manifest, taskdef};
 use perago_e2e::lake::Lake;
-use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
-use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
-use perago_e2e::{Selection, Services, shared};
 use serde_json::{Value, json};
-
-async fn services() -> &'static Services {
-    shared(Selection {
-        conductor: true,
-        lakefs: true,
-        ..Selection::default()
-    })
-    .await
-}
-
-/// Run `kubectl-perago` with the servers' endpoints in the environment.
-fn kubectl_perago(services: &Services, args: &[&str]) -> Output {
-    kubectl_perago_at(services, &services.conductor().api_url, args)
-}
-
-fn kubectl_perago_at(services: &Services, conductor: &str, args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-perago"))
-        .args(args)
-        .env("CONDUCTOR_SERVER_URL", conductor)
-        .env("LAKECTL_SERVER_ENDPOINT_URL", &services.lakefs().endpoint)
-        .env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID)
-        .env(
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-            LAKEFS_SECRET_ACCESS_KEY,
-        )
-        .output()
-        .unwrap()
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Register a workspace task (prefix `/`) and start a local pod for it with `env`.
-async fn task_pod(
-    task: &str,
-    controls: &str,
-    body: &str,
-    env: &[(&str, &str)],
-) -> (ConductorApi, Pod) {
-    let services = services().await;
-    let yaml = format!(
-        r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {{name: t}}
-spec:
-  taskName: {task}
-  ownerEmail: e2e@example.com
-  workspace: {{prefix: /}}
-  paramsSchema: {{type: object}}
-  resultSchema: {{type: object}}
-  controls: {controls}
-  executor: {{body: {{image: body, command: [sh]}}, slots: 2}}
-"#
-    );
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    let api = ConductorApi::new(&services.conductor().api_url);
-    api.call(
-        reqwest::Method::POST,
-        "/metadata/taskdefs",
-        Some(&json!([taskdef::render(&spec).unwrap()])),
-    )
-    .await;
-    let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
-    let lake = &services.lakefs().endpoint;
-    let mut all = vec![
-        ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
-        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
-        (
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-            LAKEFS_SECRET_ACCESS_KEY,
-        ),
-    ];
-    all.extend_from_slice(env);
-    let pod = Pod::start(&PodBinaries::release(), &api.base, &contract, body, &all).await;
-    (api, pod)
-}
-
-async fn start(
-    api: &ConductorApi,
-    task: &str,
-    case: &str,
-    repo: &str,
-    branch: &str,
-    input: &str,
-) -> String {
-    api.start(
-        task,
-        case,
-        json!({"workspace": {"repository": repo, "branch": branch, "refType": "commit", "ref": input},
-               "params": {}}),
-    )
-    .await
-}
-
-/// Decide until the workflow ends (Conductor is slow to time out the attempt of a dead pod).
-async fn finished(api: &ConductorApi, id: &str) -> Value {
-    let started = Instant::now();
-    loop {
-        api.decide(id).await;
-        let wf = api.workflow(id).await;
-        if wf["status"] != "RUNNING" {
-            return wf;
-        }
-        assert!(started.elapsed() < Duration::from_secs(90), "{wf}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
-async fn head(lake: &Lake, repo: &str, branch: &str) -> String {
-    lake.get(&format!("/repositories/{repo}/branches/{branch}"))
-        .await
-        .unwrap()["commit_id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
-async fn staging_branches(lake: &Lake, repo: &str) -> Vec<String> {
-    lake.get(&format!(
-        "/repositories/{repo}/branches?prefix=perago-staging-&amount=1000"
-    ))
-    .await
-    .unwrap()["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
-async fn wait_exit(pod: &mut Pod) {
-    let status = tokio::time::timeout(Duration::from_secs(60), pod.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        status.code(),
-        Some(86),
-        "the crash point was reached:\n{}",
-        pod.log()
-    );
-}
-
-/// Writes a file per attempt, so a retry's publication supersedes the earlier one.
-const PER_ATTEMPT: &str = r#"echo "$PERAGO_RETRY_COUNT" > "$PERAGO_WORKSPACE/attempt-$PERAGO_RETRY_COUNT.txt"
-printf '{}' > "$PERAGO_RESULT""#;
+use support::*;
 
 #[tokio::test]
 async fn history_classifies_publications_supersessions_and_foreign_commits() {
@@ -524,4 +365,466 @@ async fn gc_deletes_the_branches_of_dead_attempts_and_keeps_a_live_one() {
         &["gc", "--repository", &repo, "--older-than", "soon"],
     );
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+}
+
+const ACTION: &str = "_lakefs_actions/perago-hard-fence.yaml";
+
+/// `install-fence` on an unprotected branch: a dry run changes nothing; the install commits the
+/// action for that branch only; `history` then says installed, a second run commits nothing,
+/// and a merge onto a head that moved after the publish fence is refused by lakeFS (and
+/// `explain` names the hard fence and the head it saw). A branch with uncommitted changes is
+/// refused, so they are not committed along.
+#[tokio::test]
+async fn install_fence_guards_a_branch_once_and_lakefs_then_refuses_a_merge_onto_a_moved_head() {
+    let services = services().await;
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repo = format!("kp-fence-{}", std::process::id());
+    let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
+    lake.post(
+        &format!("/repositories/{repo}/branches"),
+        json!({"name": "prod", "source": input}),
+    )
+    .await
+    .unwrap();
+    let install = |extra: &[&str]| {
+        let mut args = vec!["install-fence", "--repository", &repo, "--branch", "prod"];
+        args.extend_from_slice(extra);
+        kubectl_perago(services, &args)
+    };
+
+    let dry = install(&["--dry-run", "-o", "json"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    let view = json_of(&dry);
+    assert_eq!(view["outcome"], "would_install");
+    assert_eq!(view["pre_merge_branches"], json!(["prod"]));
+    assert!(
+        view["action_text"]
+            .as_str()
+            .unwrap()
+            .contains("      - 'prod'\n"),
+        "{view}"
+    );
+    assert_eq!(
+        head(&lake, &repo, "prod").await,
+        input,
+        "a dry run commits nothing"
+    );
+
+    let out = install(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let installed = head(&lake, &repo, "prod").await;
+    assert_ne!(installed, input);
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!(
+            "{repo}@prod: installed the hard fence\n  commit   {} \"Install the Perago hard fence\", on top of {}",
+            short(&installed),
+            short(&input)
+        )),
+        "{text}"
+    );
+    let action = lake.object(&repo, &installed, ACTION).await.unwrap();
+    assert!(
+        action.contains("    branches:\n      - 'prod'\nhooks:"),
+        "{action}"
+    );
+    assert_eq!(
+        head(&lake, &repo, "main").await,
+        input,
+        "main is not touched"
+    );
+
+    let history = kubectl_perago(
+        services,
+        &[
+            "history",
+            "--repository",
+            &repo,
+            "--branch",
+            "prod",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(history.status.code(), Some(0), "{}", stderr(&history));
+    let view = json_of(&history);
+    assert_eq!(
+        view["hard_fence"],
+        json!({"installed": true, "action": ACTION})
+    );
+    assert_eq!(
+        view["commits"][0]["message"],
+        "Install the Perago hard fence"
+    );
+    let main = kubectl_perago(
+        services,
+        &[
+            "history",
+            "--repository",
+            &repo,
+            "--branch",
+            "main",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(json_of(&main)["hard_fence"]["installed"], json!(false));
+
+    let again = install(&["-o", "json"]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(json_of(&again)["outcome"], "already_installed");
+    assert_eq!(json_of(&again)["action"], ACTION);
+    assert_eq!(
+        head(&lake, &repo, "prod").await,
+        installed,
+        "no second commit"
+    );
+    assert!(
+        stdout(&install(&[])).contains("the hard fence is already installed"),
+        "the table says so too"
+    );
+
+    // A publication paused between the publish fence and the merge; a writer moves the head.
+    let (api, pod) = task_pod(
+        "kp.fence",
+        "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}",
+        PER_ATTEMPT,
+        &[("PERAGO_FAULT", "pause-before-merge")],
+    )
+    .await;
+    let id = start(&api, "kp.fence", "fenced", &repo, "prod", &installed).await;
+    let paused = pod.path("work/paused-before-merge");
+    wait_path(&paused, &pod).await;
+    let moved = commit_files(&lake, &repo, "prod", &[("x.txt", "x")], "concurrent writer").await;
+    std::fs::remove_file(&paused).unwrap();
+    let wf = finished(&api, &id).await;
+    let reason = wf["tasks"][0]["reasonForIncompletion"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("lakeFS merge on {repo}@prod failed: HTTP 412"))
+            && reason.contains("perago hard fence"),
+        "{reason}"
+    );
+    assert_eq!(
+        head(&lake, &repo, "prod").await,
+        moved,
+        "the merge did not land"
+    );
+    let explained = kubectl_perago(services, &["explain", &id, "-o", "json"]);
+    assert_eq!(explained.status.code(), Some(0), "{}", stderr(&explained));
+    let verdict = &json_of(&explained)["steps"][0]["attempts"][0]["verdict"];
+    assert_eq!(verdict["kind"], "refused_by_fence");
+    assert_eq!(verdict["fence"], "hard");
+    assert_eq!(verdict["head"], json!(moved), "{verdict}");
+
+    // Uncommitted changes on the branch are not committed along.
+    upload(&lake, &repo, "main", "staged.txt", "not mine")
+        .await
+        .unwrap();
+    let dirty = kubectl_perago(
+        services,
+        &[
+            "install-fence",
+            "--repository",
+            &repo,
+            "--branch",
+            "main",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(dirty.status.code(), Some(1), "{}", stderr(&dirty));
+    let view = json_of(&dirty);
+    assert_eq!(view["outcome"], "refused");
+    assert!(
+        view["why"]
+            .as_str()
+            .unwrap()
+            .starts_with("main has uncommitted changes (1)"),
+        "{view}"
+    );
+    assert_eq!(head(&lake, &repo, "main").await, input);
+
+    let missing = kubectl_perago(
+        services,
+        &["install-fence", "--repository", &repo, "--branch", "nope"],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).starts_with(&format!(
+            "error: lakeFS get branch on {repo}@nope failed: HTTP 404"
+        )),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+/// A protected branch takes no direct commit: `install-fence` changes nothing, says why and
+/// prints the steps through a branch; following them installs the fence.
+#[tokio::test]
+async fn install_fence_on_a_protected_branch_prints_the_manual_steps_and_they_work() {
+    let services = services().await;
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repo = format!("kp-protected-{}", std::process::id());
+    let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
+    let endpoint = &services.lakefs().endpoint;
+    lake.send(
+        reqwest::Client::new()
+            .put(format!(
+                "{endpoint}/api/v1/repositories/{repo}/settings/branch_protection"
+            ))
+            .json(&json!([{"pattern": "main"}])),
+    )
+    .await
+    .unwrap();
+    // lakeFS may take a moment to enforce the rule: probe with a write of our own.
+    let started = Instant::now();
+    while upload(&lake, &repo, "main", "probe.txt", "p").await.is_ok() {
+        lake.post(
+            &format!("/repositories/{repo}/branches/main/objects/delete"),
+            json!({"paths": ["probe.txt"]}),
+        )
+        .await
+        .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never enforced"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let out = kubectl_perago(
+        services,
+        &["install-fence", "--repository", &repo, "--branch", "main"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with(&format!(
+            "{repo}@main: NOT installed: main is protected (lakeFS: cannot write to protected branch)"
+        )),
+        "{text}"
+    );
+    for step in [
+        format!(
+            "  2. lakectl branch create lakefs://{repo}/perago-install-hard-fence --source lakefs://{repo}/main\n"
+        ),
+        format!(
+            "  5. lakectl merge lakefs://{repo}/perago-install-hard-fence lakefs://{repo}/main\n"
+        ),
+        "--- perago-hard-fence.yaml ---\n# Perago hard fence".to_owned(),
+    ] {
+        assert!(text.contains(&step), "{step:?} in {text}");
+    }
+    assert_eq!(head(&lake, &repo, "main").await, input, "nothing committed");
+    let diff = lake
+        .get(&format!("/repositories/{repo}/branches/main/diff"))
+        .await
+        .unwrap();
+    assert_eq!(diff["results"], json!([]), "nothing left staged");
+
+    // The steps, as the API calls lakectl makes.
+    let view = json_of(&kubectl_perago(
+        services,
+        &[
+            "install-fence",
+            "--repository",
+            &repo,
+            "--branch",
+            "main",
+            "-o",
+            "json",
+        ],
+    ));
+    assert_eq!(view["outcome"], "refused");
+    assert_eq!(view["steps"].as_array().unwrap().len(), 7);
+    let via = "perago-install-hard-fence";
+    lake.post(
+        &format!("/repositories/{repo}/branches"),
+        json!({"name": via, "source": "main"}),
+    )
+    .await
+    .unwrap();
+    commit_files(
+        &lake,
+        &repo,
+        via,
+        &[(ACTION, view["action_text"].as_str().unwrap())],
+        "Install the Perago hard fence",
+    )
+    .await;
+    lake.post(
+        &format!("/repositories/{repo}/refs/{via}/merge/main"),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    let history = kubectl_perago(
+        services,
+        &[
+            "history",
+            "--repository",
+            &repo,
+            "--branch",
+            "main",
+            "--limit",
+            "1",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(
+        json_of(&history)["hard_fence"],
+        json!({"installed": true, "action": ACTION})
+    );
+    let again = kubectl_perago(
+        services,
+        &[
+            "install-fence",
+            "--repository",
+            &repo,
+            "--branch",
+            "main",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(json_of(&again)["outcome"], "already_installed");
+}
+
+/// What lakeFS (the harness's 1.84) does with an action's `on.pre-merge.branches` entries, by
+/// merging into branches named to tell the readings apart: the entries are `path.Match`
+/// patterns (globs, but without `{a,b}`, with `[^…]` and not `[!…]` negating), and a malformed
+/// entry makes lakeFS refuse the merge outright. `history`'s reading agrees on every case.
+#[tokio::test]
+async fn lakefs_reads_pre_merge_branches_as_path_match_patterns_and_history_agrees() {
+    #[derive(Debug, PartialEq)]
+    enum Seen {
+        HookRan,
+        Merged,
+        Refused,
+    }
+    let services = services().await;
+    let lake = Lake::new(&services.lakefs().endpoint);
+    let repo = format!("kp-patterns-{}", std::process::id());
+    lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
+    let cases = [
+        ("main", "main", Seen::HookRan),
+        ("run-*", "run-001", Seen::HookRan),
+        ("run-*", "runner", Seen::Merged),
+        ("prod", "production", Seen::Merged),
+        ("de?1", "dev1", Seen::HookRan),
+        ("a[b-d]x", "acx", Seen::HookRan),
+        ("{dev2,rel}", "dev2", Seen::Merged),
+        ("[!d]ev3", "dev3", Seen::HookRan),
+        ("[!x]ev4", "dev4", Seen::Merged),
+        ("[^x]ev5", "dev5", Seen::HookRan),
+        ("d\\ev6", "dev6", Seen::HookRan),
+        ("**", "dev7", Seen::HookRan),
+        ("[dev8", "dev8", Seen::Refused),
+    ];
+    for (i, (pattern, target, expected)) in cases.into_iter().enumerate() {
+        let action = format!(
+            "name: probe\non:\n  pre-merge:\n    branches:\n      - '{}'\nhooks:\n  - id: probe\n    type: lua\n    properties:\n      script: |\n        -- reads perago.expected_head, as the hard fence does\n        error(\"probe hook ran\")\n",
+            pattern.replace('\'', "''")
+        );
+        if target != "main" {
+            lake.post(
+                &format!("/repositories/{repo}/branches"),
+                json!({"name": target, "source": "main"}),
+            )
+            .await
+            .unwrap();
+        }
+        let source = format!("probe-{i}");
+        lake.post(
+            &format!("/repositories/{repo}/branches"),
+            json!({"name": source, "source": target}),
+        )
+        .await
+        .unwrap();
+        commit_files(
+            &lake,
+            &repo,
+            &source,
+            &[
+                ("_lakefs_actions/probe.yaml", &action),
+                ("data.txt", &source),
+            ],
+            "probe",
+        )
+        .await;
+        let seen = match lake
+            .post(
+                &format!("/repositories/{repo}/refs/{source}/merge/{target}"),
+                json!({}),
+            )
+            .await
+        {
+            Ok(_) => Seen::Merged,
+            Err(e) if e.to_string().contains("probe hook ran") => Seen::HookRan,
+            Err(e) if e.to_string().contains("syntax error in pattern") => Seen::Refused,
+            Err(e) => panic!("{pattern} into {target}: {e}"),
+        };
+        assert_eq!(seen, expected, "lakeFS on {pattern:?} for {target}");
+        assert_eq!(
+            perago_sidecar::workspace::hard_fence::fences_branch(&action, target),
+            seen == Seen::HookRan,
+            "history's reading of {pattern:?} for {target}"
+        );
+    }
+
+    // lakeFS runs an action file whatever its name ends in; so does `history` take it.
+    let action = "name: probe\non:\n  pre-merge:\n    branches: ['named']\nhooks:\n  - id: probe\n    type: lua\n    properties:\n      script: |\n        -- perago.expected_head\n        error(\"probe hook ran\")\n";
+    lake.post(
+        &format!("/repositories/{repo}/branches"),
+        json!({"name": "named", "source": "main"}),
+    )
+    .await
+    .unwrap();
+    commit_files(
+        &lake,
+        &repo,
+        "named",
+        &[("_lakefs_actions/fence", action)],
+        "no extension",
+    )
+    .await;
+    let history = kubectl_perago(
+        services,
+        &[
+            "history",
+            "--repository",
+            &repo,
+            "--branch",
+            "named",
+            "--limit",
+            "1",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(
+        json_of(&history)["hard_fence"],
+        json!({"installed": true, "action": "_lakefs_actions/fence"})
+    );
+    lake.post(
+        &format!("/repositories/{repo}/branches"),
+        json!({"name": "named-source", "source": "named"}),
+    )
+    .await
+    .unwrap();
+    commit_files(&lake, &repo, "named-source", &[("data.txt", "d")], "change").await;
+    let merged = lake
+        .post(
+            &format!("/repositories/{repo}/refs/named-source/merge/named"),
+            json!({}),
+        )
+        .await;
+    assert!(
+        merged
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("probe hook ran")),
+        "{merged:?}"
+    );
 }

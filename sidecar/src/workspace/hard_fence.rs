@@ -11,6 +11,7 @@ use std::time::Duration;
 use prometheus::IntGaugeVec;
 use tracing::{info, warn};
 
+use super::branch_pattern::list_applies;
 use crate::lakefs::{LakeFsClient, LakeFsError};
 
 /// Where lakeFS reads actions from, and the metadata key the hard fence's hook compares: an
@@ -18,18 +19,35 @@ use crate::lakefs::{LakeFsClient, LakeFsError};
 pub const ACTIONS_PREFIX: &str = "_lakefs_actions/";
 pub const EXPECTED_HEAD_KEY: &str = "perago.expected_head";
 
-/// Whether an action file's text runs a pre-merge hook comparing `perago.expected_head` on
-/// merges into `branch`: no branch list means every branch; entries may be globs.
-pub fn fences_branch(text: &str, branch: &str) -> bool {
-    let Ok(action) = serde_yaml::from_str::<serde_yaml::Value>(text) else {
-        return false;
-    };
-    let Some(pre_merge) = action.get("on").and_then(|on| on.get("pre-merge")) else {
-        return false;
-    };
-    let compares = action
-        .get("hooks")
-        .and_then(serde_yaml::Value::as_sequence)
+/// The `on.pre-merge.branches` entries of an action file, as text (lakeFS reads scalars
+/// into strings); `None` when the file has no pre-merge trigger or cannot be read.
+pub fn pre_merge_branches(text: &str) -> Option<Vec<String>> {
+    let action = serde_yaml::from_str::<serde_yaml::Value>(text).ok()?;
+    let pre_merge = action.get("on")?.get("pre-merge")?;
+    Some(
+        pre_merge
+            .get("branches")
+            .and_then(serde_yaml::Value::as_sequence)
+            .map(|b| {
+                b.iter()
+                    .filter_map(|v| match v {
+                        serde_yaml::Value::String(s) => Some(s.clone()),
+                        serde_yaml::Value::Number(n) => Some(n.to_string()),
+                        serde_yaml::Value::Bool(b) => Some(b.to_string()),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
+
+/// Whether an action file's text has a hook whose script compares `perago.expected_head`.
+pub fn is_hard_fence(text: &str) -> bool {
+    serde_yaml::from_str::<serde_yaml::Value>(text)
+        .ok()
+        .and_then(|action| action.get("hooks").cloned())
+        .and_then(|hooks| hooks.as_sequence().cloned())
         .is_some_and(|hooks| {
             hooks.iter().any(|h| {
                 h.get("properties")
@@ -37,23 +55,24 @@ pub fn fences_branch(text: &str, branch: &str) -> bool {
                     .and_then(serde_yaml::Value::as_str)
                     .is_some_and(|s| s.contains(EXPECTED_HEAD_KEY))
             })
-        });
-    let branches: Vec<&str> = pre_merge
-        .get("branches")
-        .and_then(serde_yaml::Value::as_sequence)
-        .map(|b| b.iter().filter_map(serde_yaml::Value::as_str).collect())
-        .unwrap_or_default();
-    compares
-        && (branches.is_empty()
-            || branches.iter().any(|pattern| {
-                *pattern == branch
-                    || globset::Glob::new(pattern)
-                        .map(|g| g.compile_matcher().is_match(branch))
-                        .unwrap_or(false)
-            }))
+        })
 }
 
-/// The action file at `reference` that installs the hard fence for `branch`, if any.
+/// Whether an action file's text runs a pre-merge hook comparing `perago.expected_head` on
+/// merges into `branch`. The `branches` entries are lakeFS's patterns
+/// ([`branch_pattern`](super::branch_pattern)): no list means every branch; an entry lakeFS
+/// cannot parse, met before one that matches, makes lakeFS fail the merge instead of running
+/// the hook, so it does not count as a fence.
+pub fn fences_branch(text: &str, branch: &str) -> bool {
+    is_hard_fence(text)
+        && pre_merge_branches(text)
+            .is_some_and(|entries| list_applies(&entries, branch).unwrap_or(false))
+}
+
+/// The action file at `reference` that installs the hard fence for `branch`, if any. lakeFS
+/// reads every object directly under `_lakefs_actions/` (not those in folders below it),
+/// whatever its name ends in, from the merge's source, which Perago stages from the target's
+/// head.
 pub async fn installed_by(
     lakefs: &LakeFsClient,
     repository: &str,
@@ -63,10 +82,11 @@ pub async fn installed_by(
     let actions = lakefs
         .list_objects(repository, reference, ACTIONS_PREFIX)
         .await?;
-    for entry in actions
-        .iter()
-        .filter(|e| e.path.ends_with(".yaml") || e.path.ends_with(".yml"))
-    {
+    for entry in actions.iter().filter(|e| {
+        e.path
+            .strip_prefix(ACTIONS_PREFIX)
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'))
+    }) {
         let response = lakefs
             .get_object(repository, reference, &entry.path, Duration::from_secs(30))
             .await?;
@@ -153,6 +173,20 @@ mod tests {
         assert!(!fences_branch(shipped, "dev"));
         let all = shipped.replace("    branches:\n      - main\n", "");
         assert!(fences_branch(&all, "dev"));
+        let glob = shipped.replace("- main", "- \"run-*\"");
+        assert!(fences_branch(&glob, "run-001") && !fences_branch(&glob, "main"));
+        // lakeFS's patterns, not another glob dialect's.
+        let braces = shipped.replace("- main", "- \"{main,dev}\"");
+        assert!(!fences_branch(&braces, "main") && !fences_branch(&braces, "dev"));
+        let bang = shipped.replace("- main", "- \"[!d]ev\"");
+        assert!(fences_branch(&bang, "dev"));
+        let broken = shipped.replace("- main", "- \"[d\"\n      - dev");
+        assert!(
+            !fences_branch(&broken, "dev"),
+            "lakeFS fails before reaching dev"
+        );
+        let unquoted = shipped.replace("- main", "- 2024");
+        assert!(fences_branch(&unquoted, "2024"));
         assert!(!fences_branch(
             &shipped.replace(EXPECTED_HEAD_KEY, "other"),
             "main"

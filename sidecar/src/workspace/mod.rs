@@ -2,6 +2,7 @@
 //! output, the download (projection of a lakeFS commit), guardrails and change detection.
 
 pub mod attempt;
+pub mod branch_pattern;
 pub mod download;
 pub mod guardrails;
 pub mod hard_fence;

@@ -1,0 +1,1135 @@
+//! `kubectl perago explain`: what became of each attempt of a workflow's workspace steps. For
+//! every attempt it sets Conductor's record beside what lakeFS holds (the attempt's staging
+//! branch and try commit while they exist, its confirm commit on the target branch's
+//! first-parent history) and gives one verdict. It only reads: an uncertain attempt is settled
+//! by the next attempt's publish fence, or by the operator starting a new workflow from the
+//! branch head; never by this command.
+
+use std::collections::BTreeMap;
+
+use anyhow::anyhow;
+use clap::Args;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use perago_sidecar::attempt::AttemptSnapshot;
+use perago_sidecar::conductor::{Workflow, WorkflowTask};
+use perago_sidecar::lakefs::{Commit, LakeFsClient, LakeFsError};
+use perago_sidecar::workspace::history::confirm_of;
+use perago_sidecar::workspace::input::WorkspaceRef;
+use perago_sidecar::workspace::janitor::task_id_from_name;
+use perago_sidecar::workspace::publish::{is_step_branch, staging_branch, step_branch_prefix};
+
+use crate::Failure;
+use crate::connect::Endpoints;
+
+use crate::output::{Table, cell, columns};
+
+/// How many commits of the target branch's first-parent history are searched for an
+/// attempt's confirm commit, from the head down to the attempt's input ref.
+pub const SEARCH_LIMIT: usize = 1000;
+
+/// Conductor statuses of an attempt that is not over.
+const RUNNING: [&str; 2] = ["SCHEDULED", "IN_PROGRESS"];
+
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    /// The Conductor workflow id.
+    pub workflow_id: String,
+    /// Only this step: its referenceTaskName (inside a loop, every iteration of it).
+    #[arg(long)]
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ExplainView {
+    pub workflow_id: String,
+    pub workflow_name: String,
+    pub status: String,
+    pub steps: Vec<StepView>,
+}
+
+impl ExplainView {
+    /// Whether an attempt is left in a state nothing settles by itself.
+    pub fn needs_attention(&self) -> bool {
+        self.steps
+            .iter()
+            .flat_map(|s| &s.attempts)
+            .any(|a| a.verdict.needs_attention)
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct StepView {
+    /// The referenceTaskName.
+    pub step: String,
+    pub task_type: String,
+    pub attempts: Vec<AttemptView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    /// Conductor's retryCount.
+    pub attempt: i64,
+    pub task_id: String,
+    pub status: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub worker_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// The attempt's `workspace` input, or why it is not one.
+    pub workspace: WorkspaceView,
+    /// The `workspace.ref` Conductor has as the attempt's output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_ref: Option<String>,
+    /// Staging branches of this attempt that still exist.
+    pub staging: Vec<StagingView>,
+    /// Where the confirm commit was looked for, and what was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchView>,
+    /// What lakeFS could not tell (a repository, branch or commit it does not have).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub verdict: Verdict,
+    #[serde(skip)]
+    facts: Facts,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum WorkspaceView {
+    Valid {
+        repository: String,
+        branch: String,
+        input_ref: String,
+    },
+    Invalid {
+        invalid: String,
+    },
+}
+
+#[derive(Debug, Serialize)]
+pub struct StagingView {
+    pub branch: String,
+    pub head: String,
+    /// The head, when it is this attempt's `perago try` commit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub try_commit: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchView {
+    pub branch: String,
+    /// First-parent commits above the input ref that were looked at.
+    pub searched: usize,
+    pub reached_input_ref: bool,
+    /// The search stopped at [`SEARCH_LIMIT`] before the input ref.
+    pub bounded: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm: Option<String>,
+    /// The confirm commit of a later attempt whose `perago.supersedes` names this one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    PublishedAndReported,
+    PublishedNotReported,
+    CompletedWithoutPublishing,
+    NotPublished,
+    OutcomeUncertain,
+    RefusedByFence,
+    StillRunning,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FenceKind {
+    /// The publish fence (or its re-check of the head right before the merge).
+    Publish,
+    /// lakeFS's pre-merge hook, `deploy/lakefs/perago-hard-fence.yaml`.
+    Hard,
+    /// Conductor no longer had the attempt as current.
+    Attempt,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Verdict {
+    pub kind: VerdictKind,
+    /// The verdict in words.
+    pub summary: String,
+    /// The commit the verdict names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<FenceKind>,
+    /// The branch head the refusing fence saw, when its reason says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    /// Nothing will settle this attempt by itself: no later attempt of its step exists.
+    pub needs_attention: bool,
+}
+
+/// What the verdict is decided from, beyond the view's own fields.
+#[derive(Debug, Default)]
+struct Facts {
+    branch: String,
+    input_ref: Option<String>,
+    /// A later confirm commit that supersedes this attempt's: (id, its retry count).
+    superseded_by: Option<(String, String)>,
+    /// The output ref is an earlier attempt's publication: its retry count.
+    reported_publication_of: Option<String>,
+    /// This attempt's confirm commit: `perago.expected_head` and `perago.supersedes`.
+    confirm_base: Option<(String, String)>,
+}
+
+pub async fn run(endpoints: &Endpoints, args: &ExplainArgs) -> Result<ExplainView, Failure> {
+    let conductor = endpoints.require_conductor()?;
+    let id = args.workflow_id.as_str();
+    let workflow = match conductor.workflow(id).await {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => {
+            return Err(anyhow!("Conductor has no workflow {id} (get workflow: HTTP 404)").into());
+        }
+        Err(e) => {
+            return Err(anyhow::Error::from(e)
+                .context(format!("workflow {id}"))
+                .into());
+        }
+    };
+    let workspace_tasks: Vec<&WorkflowTask> = workflow
+        .tasks
+        .iter()
+        .filter(|t| t.input_data.get("workspace").is_some_and(Value::is_object))
+        .collect();
+    let mut order: Vec<&str> = Vec::new();
+    for t in &workspace_tasks {
+        if !order.contains(&t.reference_task_name.as_str()) {
+            order.push(&t.reference_task_name);
+        }
+    }
+    let chosen: Vec<&str> = match &args.step {
+        None => order.clone(),
+        Some(step) => order
+            .iter()
+            .copied()
+            .filter(|name| is_step(name, step))
+            .collect(),
+    };
+    if chosen.is_empty() {
+        let known = if order.is_empty() {
+            "it has none".to_owned()
+        } else {
+            format!("its workspace steps: {}", order.join(", "))
+        };
+        return Err(match &args.step {
+            Some(step) => anyhow!("workflow {id} has no workspace step {step} ({known})"),
+            None => anyhow!("workflow {id} has no workspace step: no task input has a workspace"),
+        }
+        .into());
+    }
+    let lakefs = endpoints.lakefs()?;
+    let mut reader = Reader {
+        lakefs: &lakefs,
+        branches: BTreeMap::new(),
+        logs: BTreeMap::new(),
+    };
+    let mut steps = Vec::new();
+    for name in chosen {
+        let tasks: Vec<&WorkflowTask> = workspace_tasks
+            .iter()
+            .copied()
+            .filter(|t| t.reference_task_name == name)
+            .collect();
+        let mut attempts = Vec::new();
+        for task in &tasks {
+            attempts.push(reader.attempt(&workflow, task).await?);
+        }
+        for i in 0..attempts.len() {
+            let (done, rest) = attempts.split_at_mut(i + 1);
+            let this = &mut done[i];
+            this.verdict = decide(this, rest.first());
+        }
+        steps.push(StepView {
+            step: name.to_owned(),
+            task_type: tasks
+                .first()
+                .map(|t| t.task_type.clone())
+                .unwrap_or_default(),
+            attempts,
+        });
+    }
+    Ok(ExplainView {
+        workflow_id: workflow.workflow_id.clone(),
+        workflow_name: workflow.workflow_name.clone(),
+        status: workflow.status.clone(),
+        steps,
+    })
+}
+
+/// `--step build` also selects the iterations of `build` inside a loop (`build__2`).
+fn is_step(name: &str, step: &str) -> bool {
+    name == step
+        || name
+            .strip_prefix(step)
+            .and_then(|rest| rest.strip_prefix("__"))
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A lakeFS answer that says the thing asked about is not there (or cannot be named): a fact
+/// about the attempt, not a failure of the command.
+fn absent(e: &LakeFsError) -> bool {
+    e.status()
+        .is_some_and(|s| s.as_u16() == 404 || s.as_u16() == 400)
+}
+
+/// The newest commits of a branch's first-parent history down to an input ref.
+struct Log {
+    /// Above the input ref, newest first.
+    range: Vec<Commit>,
+    reached: bool,
+    bounded: bool,
+}
+
+/// lakeFS reads, each made once per command.
+struct Reader<'a> {
+    lakefs: &'a LakeFsClient,
+    branches: BTreeMap<(String, String), Result<Vec<String>, String>>,
+    logs: BTreeMap<(String, String, String), Result<std::rc::Rc<Log>, String>>,
+}
+
+impl Reader<'_> {
+    async fn step_branches(
+        &mut self,
+        repo: &str,
+        prefix: &str,
+    ) -> Result<Result<Vec<String>, String>, Failure> {
+        let key = (repo.to_owned(), prefix.to_owned());
+        if let Some(found) = self.branches.get(&key) {
+            return Ok(found.clone());
+        }
+        let answer = match self.lakefs.list_branches(repo, prefix).await {
+            Ok(names) => Ok(names),
+            Err(e) if absent(&e) => Err(e.to_string()),
+            Err(e) => return Err(anyhow::Error::from(e).into()),
+        };
+        self.branches.insert(key, answer.clone());
+        Ok(answer)
+    }
+
+    async fn log(
+        &mut self,
+        ws: &WorkspaceRef,
+    ) -> Result<Result<std::rc::Rc<Log>, String>, Failure> {
+        let key = (
+            ws.repository.clone(),
+            ws.branch.clone(),
+            ws.reference.clone(),
+        );
+        if let Some(found) = self.logs.get(&key) {
+            return Ok(found.clone());
+        }
+        let answer = match self
+            .lakefs
+            .first_parent_log(&ws.repository, &ws.branch, &ws.reference, SEARCH_LIMIT + 1)
+            .await
+        {
+            Ok((mut commits, more)) => {
+                let end = commits.iter().position(|c| c.id == ws.reference);
+                let bounded = end.is_none() && (commits.len() > SEARCH_LIMIT || more);
+                commits.truncate(end.unwrap_or(SEARCH_LIMIT));
+                Ok(std::rc::Rc::new(Log {
+                    range: commits,
+                    reached: end.is_some(),
+                    bounded,
+                }))
+            }
+            Err(e) if absent(&e) => Err(e.to_string()),
+            Err(e) => return Err(anyhow::Error::from(e).into()),
+        };
+        self.logs.insert(key, answer.clone());
+        Ok(answer)
+    }
+
+    async fn attempt(
+        &mut self,
+        wf: &Workflow,
+        task: &WorkflowTask,
+    ) -> Result<AttemptView, Failure> {
+        let output_ref = task
+            .output_data
+            .get("workspace")
+            .and_then(|w| w.get("ref"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let mut view = AttemptView {
+            attempt: task.retry_count,
+            task_id: task.task_id.clone(),
+            status: task.status.clone(),
+            reason: task.reason_for_incompletion.clone(),
+            worker_id: task.worker_id.clone(),
+            started: utc(task.start_time),
+            ended: utc(task.end_time),
+            workspace: WorkspaceView::Invalid {
+                invalid: String::new(),
+            },
+            output_ref,
+            staging: Vec::new(),
+            search: None,
+            note: None,
+            verdict: Verdict::new(VerdictKind::NotPublished, String::new()),
+            facts: Facts::default(),
+        };
+        let ws = match WorkspaceRef::parse(&task.input_data["workspace"]) {
+            Ok(ws) => ws,
+            Err(e) => {
+                view.workspace = WorkspaceView::Invalid { invalid: e };
+                return Ok(view);
+            }
+        };
+        view.workspace = WorkspaceView::Valid {
+            repository: ws.repository.clone(),
+            branch: ws.branch.clone(),
+            input_ref: ws.reference.clone(),
+        };
+        view.facts.branch = ws.branch.clone();
+        view.facts.input_ref = Some(ws.reference.clone());
+        let mut notes = Vec::new();
+
+        // Staging branches: the step's, then this attempt's by its task id and retry count.
+        let snapshot = snapshot(wf, task);
+        let marker = task_id_from_name(&staging_branch(&snapshot, "e"))
+            .map(|id| format!("-task-id-{id}-retry-{}-exec-", task.retry_count));
+        match self
+            .step_branches(&ws.repository, &step_branch_prefix(&snapshot))
+            .await?
+        {
+            Ok(names) => {
+                for name in names.iter().filter(|n| {
+                    is_step_branch(n, &snapshot)
+                        && marker.as_ref().is_some_and(|m| n.contains(m.as_str()))
+                }) {
+                    match self.lakefs.get_commit(&ws.repository, name).await {
+                        Ok(head) => {
+                            let is_try = head.metadata.get("perago.phase").map(String::as_str)
+                                == Some("try")
+                                && head.metadata.get("perago.task_id") == Some(&task.task_id);
+                            view.staging.push(StagingView {
+                                branch: name.clone(),
+                                try_commit: is_try.then(|| head.id.clone()),
+                                head: head.id,
+                            });
+                        }
+                        // Deleted since it was listed.
+                        Err(e) if absent(&e) => {}
+                        Err(e) => return Err(anyhow::Error::from(e).into()),
+                    }
+                }
+            }
+            Err(e) => notes.push(e),
+        }
+
+        // The confirm commit, on the target's first-parent history above the input ref.
+        match self.log(&ws).await? {
+            Ok(log) => {
+                let is_ours = |c: &&Commit| {
+                    confirm_of(c).is_some()
+                        && c.metadata.get("perago.task_id") == Some(&task.task_id)
+                };
+                let confirm = log.range.iter().find(is_ours);
+                let meta = |c: &Commit, k: &str| c.metadata.get(k).cloned().unwrap_or_default();
+                let superseded_by = confirm.and_then(|ours| {
+                    log.range.iter().find(|c| {
+                        confirm_of(c).is_some()
+                            && c.metadata.get("perago.supersedes") == Some(&ours.id)
+                    })
+                });
+                view.facts.superseded_by =
+                    superseded_by.map(|c| (c.id.clone(), meta(c, "perago.retry_count")));
+                view.facts.confirm_base = confirm.map(|c| {
+                    (
+                        meta(c, "perago.expected_head"),
+                        meta(c, "perago.supersedes"),
+                    )
+                });
+                if let Some(out) = &view.output_ref
+                    && confirm.is_none_or(|c| &c.id != out)
+                {
+                    view.facts.reported_publication_of = log
+                        .range
+                        .iter()
+                        .find(|c| &c.id == out && confirm_of(c).is_some())
+                        .map(|c| meta(c, "perago.retry_count"));
+                }
+                view.search = Some(SearchView {
+                    branch: ws.branch.clone(),
+                    searched: log.range.len(),
+                    reached_input_ref: log.reached,
+                    bounded: log.bounded,
+                    confirm: confirm.map(|c| c.id.clone()),
+                    superseded_by: superseded_by.map(|c| c.id.clone()),
+                });
+            }
+            Err(e) => notes.push(e),
+        }
+        if !notes.is_empty() {
+            view.note = Some(notes.join("; "));
+        }
+        Ok(view)
+    }
+}
+
+/// The attempt as the sidecar named its staging branch.
+fn snapshot(wf: &Workflow, t: &WorkflowTask) -> AttemptSnapshot {
+    AttemptSnapshot {
+        workflow_instance_id: wf.workflow_id.clone(),
+        task_id: t.task_id.clone(),
+        retry_count: t.retry_count,
+        task_def_name: t.task_def_name.clone(),
+        reference_task_name: t.reference_task_name.clone(),
+        seq: t.seq,
+        iteration: t.iteration,
+        status: t.status.clone(),
+        input_data: Map::new(),
+        retried_task_id: None,
+        response_timeout_seconds: None,
+        worker_id: None,
+        poll_count: None,
+    }
+}
+
+impl Verdict {
+    fn new(kind: VerdictKind, summary: String) -> Self {
+        Self {
+            kind,
+            summary,
+            commit: None,
+            superseded_by: None,
+            fence: None,
+            head: None,
+            needs_attention: false,
+        }
+    }
+
+    fn naming(mut self, commit: &str) -> Self {
+        self.commit = Some(commit.to_owned());
+        self
+    }
+}
+
+/// A fence refusal read from a failure reason: which fence, the head it saw (when the reason
+/// says), and the refusal in words.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub fence: FenceKind,
+    pub head: Option<String>,
+    pub words: String,
+}
+
+/// The fence that refused an attempt, from its reason. `branch` is the attempt's target.
+pub fn refusal(reason: &str, branch: &str, task_id: &str) -> Option<Refusal> {
+    let reason = reason.trim();
+    if let Some(at) = reason.find("perago hard fence: ") {
+        let said = &reason[at + "perago hard fence: ".len()..];
+        let head = said
+            .split_once(" is at ")
+            .map(|(_, rest)| rest.split([',', ' ', '\n']).next().unwrap_or("").to_owned())
+            .filter(|h| !h.is_empty());
+        let expected = said
+            .split_once(", expected ")
+            .map(|(_, rest)| rest.split_whitespace().next().unwrap_or("").to_owned());
+        let words = match (&head, &expected) {
+            (Some(h), Some(e)) => format!(
+                "lakeFS's pre-merge hook found {branch} at {} while the publication expected {}",
+                short(h),
+                short(e)
+            ),
+            _ => format!("lakeFS's pre-merge hook refused the merge into {branch}"),
+        };
+        return Some(Refusal {
+            fence: FenceKind::Hard,
+            head,
+            words,
+        });
+    }
+    let publish = |head: Option<&str>, words: String| Refusal {
+        fence: FenceKind::Publish,
+        head: head.map(str::to_owned),
+        words,
+    };
+    if !branch.is_empty()
+        && let Some(rest) = reason
+            .strip_prefix(branch)
+            .and_then(|r| r.strip_prefix(' '))
+    {
+        if let Some((from, to)) = rest
+            .strip_prefix("advanced from ")
+            .and_then(|r| r.rsplit_once(" to "))
+        {
+            return Some(publish(
+                Some(to),
+                format!(
+                    "{branch} had moved from the input ref {} to {}, which is not this step's publication",
+                    short(from),
+                    short(to)
+                ),
+            ));
+        }
+        if rest.starts_with("advanced beyond supported publish range") {
+            return Some(publish(
+                None,
+                format!("{branch} had moved too far past the input ref to classify"),
+            ));
+        }
+        if let Some(input) = rest.strip_prefix("no longer contains workspace input ref ") {
+            return Some(publish(
+                None,
+                format!(
+                    "{branch} no longer contains the input ref {} (reset or rewritten)",
+                    short(input)
+                ),
+            ));
+        }
+        // The no-op refusal, and Python Perago 0.6.1's fence.
+        for (lead, what) in [
+            (
+                "cannot complete no-op from input ref ",
+                "nothing changed, but",
+            ),
+            ("cannot publish from input ref ", "Python Perago's fence:"),
+        ] {
+            if let Some((input, head)) = rest
+                .strip_prefix(lead)
+                .and_then(|r| r.split_once("; current head is "))
+            {
+                return Some(publish(
+                    Some(head),
+                    format!(
+                        "{what} {branch} had moved from the input ref {} to {}",
+                        short(input),
+                        short(head)
+                    ),
+                ));
+            }
+        }
+    }
+    if (!task_id.is_empty() && reason == task_id)
+        || reason.starts_with(&format!("broker failed to reload attempt {task_id}"))
+    {
+        return Some(Refusal {
+            fence: FenceKind::Attempt,
+            head: None,
+            words: if reason == task_id {
+                "Conductor no longer had it as the current attempt when it was about to publish"
+                    .to_owned()
+            } else {
+                "Conductor could not confirm it was still the current attempt".to_owned()
+            },
+        });
+    }
+    None
+}
+
+/// A merge failure after which the merge may still have happened: no answer (a timeout, a
+/// lost connection), a 5xx, or an answer that could not be read.
+pub fn merge_uncertain(reason: &str) -> bool {
+    let Some(rest) = reason.trim().strip_prefix("lakeFS merge on ") else {
+        return false;
+    };
+    if rest.contains(" returned an unreadable answer") {
+        return true;
+    }
+    rest.split_once(" failed: ")
+        .is_some_and(|(_, cause)| !cause.starts_with("HTTP ") || cause.starts_with("HTTP 5"))
+}
+
+fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
+    let f = &a.facts;
+    let branch = f.branch.as_str();
+    let search = a.search.as_ref();
+    let confirm = search.and_then(|s| s.confirm.as_deref());
+    let try_commit = a.staging.iter().find_map(|s| s.try_commit.as_deref());
+    let staged = || {
+        a.staging.iter().find(|s| s.try_commit.is_some()).map(|s| {
+            format!(
+                "staged {} on {}",
+                short(s.try_commit.as_deref().unwrap_or("")),
+                s.branch
+            )
+        })
+    };
+    let next_name = next.map(|n| format!("retry {}", n.attempt));
+
+    if RUNNING.contains(&a.status.as_str()) {
+        let mut words = format!("still running ({}", a.status);
+        if !a.worker_id.is_empty() {
+            words.push_str(&format!(" on {}", a.worker_id));
+        }
+        words.push(')');
+        if let Some(c) = confirm {
+            words.push_str(&format!(
+                "; its merge already landed as {}, not reported yet",
+                short(c)
+            ));
+        } else if let Some(s) = staged() {
+            words.push_str(&format!("; {s}, not merged yet"));
+        }
+        let v = Verdict::new(VerdictKind::StillRunning, words);
+        return match confirm {
+            Some(c) => v.naming(c),
+            None => v,
+        };
+    }
+
+    if a.status == "COMPLETED" {
+        let input = f.input_ref.as_deref();
+        return match (a.output_ref.as_deref(), confirm) {
+            (Some(out), _) if Some(out) == input => Verdict::new(
+                VerdictKind::CompletedWithoutPublishing,
+                format!(
+                    "completed without publishing: read-only or nothing changed; its output ref is the input ref {}",
+                    short(out)
+                ),
+            ),
+            (Some(out), Some(c)) if out == c => Verdict::new(
+                VerdictKind::PublishedAndReported,
+                format!(
+                    "published and reported: {} on {branch}, its confirm commit and output ref",
+                    short(c)
+                ),
+            )
+            .naming(c),
+            (Some(out), _) => {
+                let words = match &f.reported_publication_of {
+                    Some(n) => format!(
+                        "published and reported: its workspace was already on {branch} as {}, the publication of attempt {n}, which it reported as its output ref",
+                        short(out)
+                    ),
+                    None => format!(
+                        "published and reported: Conductor has {} as its output ref, but no confirm commit of it is on {branch}{}",
+                        short(out),
+                        search_gap(search)
+                    ),
+                };
+                Verdict::new(VerdictKind::PublishedAndReported, words).naming(out)
+            }
+            (None, _) => Verdict::new(
+                VerdictKind::CompletedWithoutPublishing,
+                "completed without publishing: Conductor has no workspace ref as its output".into(),
+            ),
+        };
+    }
+
+    // Over without completing.
+    let last = next.is_none();
+    if let Some(c) = confirm {
+        let after = match (&f.superseded_by, next) {
+            (Some((by, retry)), _) => format!(
+                "retry {retry} superseded it with {} (perago.supersedes)",
+                short(by)
+            ),
+            (None, Some(n)) if n.output_ref.as_deref() == Some(c) => format!(
+                "{} completed on it: its workspace was already there",
+                next_name.clone().unwrap_or_default()
+            ),
+            (None, Some(n)) if RUNNING.contains(&n.status.as_str()) => format!(
+                "{} is {}: its publish fence will find this commit and publish on top of it",
+                next_name.clone().unwrap_or_default(),
+                n.status
+            ),
+            (None, Some(n)) => format!(
+                "{} ({}) did not supersede it",
+                next_name.clone().unwrap_or_default(),
+                n.status
+            ),
+            (None, None) => format!(
+                "no later attempt of this step exists, so it stands on {branch} without a reported result (docs/operations.md, section A merge timed out)"
+            ),
+        };
+        let mut v = Verdict::new(
+            VerdictKind::PublishedNotReported,
+            format!(
+                "published but not reported: {} landed on {branch}, but Conductor has the attempt {}; {after}",
+                short(c),
+                a.status
+            ),
+        )
+        .naming(c);
+        v.superseded_by = f.superseded_by.as_ref().map(|(id, _)| id.clone());
+        v.needs_attention = last;
+        return v;
+    }
+
+    if merge_uncertain(&a.reason) {
+        let cause = a
+            .reason
+            .split_once(" failed: ")
+            .map_or(a.reason.as_str(), |(_, c)| c);
+        let staging = match try_commit {
+            Some(t) => format!("its staging commit is {}", short(t)),
+            None => "its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit)".into(),
+        };
+        let settles = match next {
+            Some(n) => match n.search.as_ref().and_then(|s| s.confirm.as_deref()) {
+                Some(c2) => {
+                    let on = n
+                        .facts
+                        .confirm_base
+                        .as_ref()
+                        .map(|(expected, supersedes)| {
+                            if supersedes.is_empty() {
+                                format!(
+                                    "on {} superseding nothing, so this merge had not landed when it looked",
+                                    short(expected)
+                                )
+                            } else {
+                                format!("on top of {}", short(supersedes))
+                            }
+                        })
+                        .unwrap_or_default();
+                    format!(
+                        "the next attempt's publish fence: {} published {} {on}; run explain again to see whether this merge landed since",
+                        next_name.clone().unwrap_or_default(),
+                        short(c2)
+                    )
+                }
+                None if RUNNING.contains(&n.status.as_str()) => format!(
+                    "the next attempt's publish fence, when {} reaches it, or running explain again",
+                    next_name.clone().unwrap_or_default()
+                ),
+                None => format!(
+                    "{} ended {} without publishing; run explain again",
+                    next_name.clone().unwrap_or_default(),
+                    n.status
+                ),
+            },
+            None => "no later attempt will run its publish fence: run explain again (a confirm commit of this task on the branch means the merge landed) and see docs/operations.md, section A merge timed out".into(),
+        };
+        let mut v = Verdict::new(
+            VerdictKind::OutcomeUncertain,
+            format!(
+                "outcome uncertain: its merge ended without an answer ({}) and no confirm commit of it is on {branch}{}; {staging}; the merge may still land. What settles it: {settles}",
+                cell(cause, 120),
+                search_gap(search)
+            ),
+        );
+        v.commit = try_commit.map(str::to_owned);
+        v.needs_attention = last;
+        return v;
+    }
+
+    if let Some(r) = refusal(&a.reason, branch, &a.task_id) {
+        let name = match r.fence {
+            FenceKind::Publish => "the publish fence",
+            FenceKind::Hard => "the hard fence",
+            FenceKind::Attempt => "the attempt fence",
+        };
+        let mut v = Verdict::new(
+            VerdictKind::RefusedByFence,
+            format!("refused by {name}: {}; nothing was published", r.words),
+        );
+        v.fence = Some(r.fence);
+        v.head = r.head;
+        return v;
+    }
+
+    let mut words = if a.reason.is_empty() {
+        format!(
+            "not published: Conductor has it {} with no reason",
+            a.status
+        )
+    } else {
+        format!("not published: {}", a.reason)
+    };
+    if a.status == "FAILED_WITH_TERMINAL_ERROR" {
+        words.push_str(" (terminal: the body did not run and Conductor does not retry it)");
+    }
+    if let Some(s) = staged() {
+        words.push_str(&format!("; it {s} and never merged"));
+    }
+    Verdict::new(VerdictKind::NotPublished, words)
+}
+
+/// Why "no confirm commit" may not be the last word.
+fn search_gap(search: Option<&SearchView>) -> String {
+    match search {
+        Some(s) if s.bounded => format!(
+            " (only the newest {SEARCH_LIMIT} commits were searched: the input ref is further down)"
+        ),
+        Some(s) if !s.reached_input_ref => {
+            " (the input ref is no longer on the branch's first-parent history)".into()
+        }
+        Some(_) => String::new(),
+        None => " (lakeFS could not be searched)".into(),
+    }
+}
+
+/// A Conductor time (milliseconds since the epoch; 0 for never) in UTC, RFC 3339.
+pub fn utc(ms: i64) -> Option<String> {
+    if ms <= 0 {
+        return None;
+    }
+    let secs = ms.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // The civil date of a day count since 1970-01-01 (the proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    ))
+}
+
+fn short(id: &str) -> String {
+    id.chars().take(12).collect()
+}
+
+fn commits(n: usize) -> String {
+    if n == 1 {
+        "1 commit".into()
+    } else {
+        format!("{n} commits")
+    }
+}
+
+impl Table for ExplainView {
+    fn table(&self) -> String {
+        let mut out = format!(
+            "workflow {} ({}): {}\n",
+            cell(&self.workflow_id, 80),
+            cell(&self.workflow_name, 80),
+            cell(&self.status, 40)
+        );
+        for step in &self.steps {
+            let target = step
+                .attempts
+                .iter()
+                .find_map(|a| match &a.workspace {
+                    WorkspaceView::Valid {
+                        repository, branch, ..
+                    } => Some(format!(" on {repository}@{branch}")),
+                    WorkspaceView::Invalid { .. } => None,
+                })
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "\nstep {} ({}){}\n",
+                cell(&step.step, 80),
+                cell(&step.task_type, 80),
+                cell(&target, 200)
+            ));
+            let rows: Vec<Vec<String>> = step
+                .attempts
+                .iter()
+                .map(|a| {
+                    vec![
+                        a.attempt.to_string(),
+                        cell(&a.status, 30),
+                        cell(&a.task_id, 40),
+                        cell(&a.worker_id, 40),
+                        a.started.clone().unwrap_or_else(|| "-".into()),
+                        a.ended.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            out.push_str(&columns(
+                &["ATTEMPT", "STATUS", "TASK", "WORKER", "STARTED", "ENDED"],
+                &rows,
+            ));
+            for a in &step.attempts {
+                out.push_str(&format!(
+                    "  attempt {}: {}\n",
+                    a.attempt,
+                    cell(&a.verdict.summary, 700)
+                ));
+                match &a.workspace {
+                    WorkspaceView::Valid { input_ref, .. } => {
+                        out.push_str(&format!("    input    {}\n", short(input_ref)));
+                    }
+                    WorkspaceView::Invalid { invalid } => {
+                        out.push_str(&format!("    input    {}\n", cell(invalid, 200)));
+                    }
+                }
+                if let Some(o) = &a.output_ref {
+                    out.push_str(&format!("    output   {}\n", cell(&short(o), 12)));
+                }
+                // A verdict of not published quotes the reason already.
+                if !a.reason.is_empty() && a.verdict.kind != VerdictKind::NotPublished {
+                    out.push_str(&format!("    reason   {}\n", cell(&a.reason, 300)));
+                }
+                if matches!(a.workspace, WorkspaceView::Valid { .. }) && a.note.is_none() {
+                    if a.staging.is_empty() {
+                        out.push_str("    staging  none left\n");
+                    }
+                    for s in &a.staging {
+                        out.push_str(&format!(
+                            "    staging  {} at {}{}\n",
+                            s.branch,
+                            short(&s.head),
+                            if s.try_commit.is_some() {
+                                " (its try commit)"
+                            } else {
+                                " (nothing staged)"
+                            }
+                        ));
+                    }
+                }
+                if let Some(s) = &a.search {
+                    let found = match &s.confirm {
+                        Some(c) => format!("{} on {}", short(c), s.branch),
+                        None => format!("none on {}", s.branch),
+                    };
+                    let how = if s.reached_input_ref {
+                        format!("{} above the input ref searched", commits(s.searched))
+                    } else if s.bounded {
+                        format!(
+                            "the newest {} searched, the input ref not reached",
+                            commits(s.searched)
+                        )
+                    } else {
+                        format!(
+                            "{} searched, the input ref is not on the branch",
+                            commits(s.searched)
+                        )
+                    };
+                    out.push_str(&format!("    confirm  {found} ({how})\n"));
+                }
+                if let Some(n) = &a.note {
+                    out.push_str(&format!("    lakeFS   {}\n", cell(n, 300)));
+                }
+            }
+        }
+        if self.needs_attention() {
+            out.push_str(
+                "\nneeds attention: an attempt above is uncertain or published without a report, and no later attempt will settle it\n",
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_print_in_utc() {
+        assert_eq!(utc(0), None);
+        assert_eq!(utc(1_000).as_deref(), Some("1970-01-01T00:00:01Z"));
+        assert_eq!(
+            utc(951_782_400_000).as_deref(),
+            Some("2000-02-29T00:00:00Z")
+        );
+        assert_eq!(
+            utc(1_796_148_573_241).as_deref(),
+            Some("2026-12-01T18:09:33Z")
+        );
+    }
+
+    #[test]
+    fn refusals_name_their_fence_and_the_head_they_saw() {
+        let r = refusal("main advanced from A1 to H1", "main", "t").unwrap();
+        assert_eq!(
+            (r.fence, r.head.as_deref()),
+            (FenceKind::Publish, Some("H1"))
+        );
+        let r = refusal(
+            "main cannot complete no-op from input ref A1; current head is H2",
+            "main",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.fence, r.head.as_deref()),
+            (FenceKind::Publish, Some("H2"))
+        );
+        let r = refusal(
+            "main no longer contains workspace input ref A1",
+            "main",
+            "t",
+        )
+        .unwrap();
+        assert_eq!((r.fence, r.head), (FenceKind::Publish, None));
+        assert!(r.words.contains("no longer contains"));
+        let r = refusal(
+            "main advanced beyond supported publish range (1024 commits)",
+            "main",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(r.fence, FenceKind::Publish);
+        let hard = "lakeFS merge on r@main failed: HTTP 412 Precondition Failed: update branch main: pre-merge hook aborted, run id 'x': 1 error occurred:\n\t* hook run id '0000_0000' failed on action 'perago-hard-fence' hook 'perago_expected_head': action failed: runtime error: [string \"lua\"]:5: perago hard fence: main is at H3, expected E3\nstack traceback:";
+        let r = refusal(hard, "main", "t").unwrap();
+        assert_eq!((r.fence, r.head.as_deref()), (FenceKind::Hard, Some("H3")));
+        assert!(r.words.contains("E3"), "{}", r.words);
+        assert!(!merge_uncertain(hard));
+        let r = refusal("t-1", "main", "t-1").unwrap();
+        assert_eq!(r.fence, FenceKind::Attempt);
+        let r = refusal(
+            "broker failed to reload attempt t-1: Conductor get task failed: x",
+            "main",
+            "t-1",
+        )
+        .unwrap();
+        assert_eq!(r.fence, FenceKind::Attempt);
+        assert_eq!(refusal("task body exited with status 3", "main", "t"), None);
+        assert_eq!(refusal("dev advanced from A to H", "main", "t"), None);
+    }
+
+    #[test]
+    fn only_merges_without_an_answer_are_uncertain() {
+        for (reason, uncertain) in [
+            (
+                "lakeFS merge on r@main failed: error sending request: operation timed out",
+                true,
+            ),
+            (
+                "lakeFS merge on r@main failed: HTTP 503 Service Unavailable: x",
+                true,
+            ),
+            (
+                "lakeFS merge on r@main returned an unreadable answer: EOF",
+                true,
+            ),
+            (
+                "lakeFS merge on r@main failed: HTTP 409 Conflict: conflict",
+                false,
+            ),
+            (
+                "lakeFS merge on r@main failed: HTTP 423 Locked: locked",
+                false,
+            ),
+            (
+                "lakeFS commit on r@perago-staging-x failed: timed out",
+                false,
+            ),
+            ("main advanced from A to H", false),
+        ] {
+            assert_eq!(merge_uncertain(reason), uncertain, "{reason}");
+        }
+    }
+
+    #[test]
+    fn steps_select_their_loop_iterations() {
+        assert!(is_step("build", "build"));
+        assert!(is_step("build__2", "build"));
+        assert!(!is_step("build__x", "build"));
+        assert!(!is_step("build2", "build"));
+    }
+}
