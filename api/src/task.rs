@@ -20,6 +20,12 @@ pub const GROUP: &str = "perago.io";
 /// The one served and stored version.
 pub const VERSION: &str = "v1alpha1";
 
+/// The name of the ConfigMap and the executor Deployment the operator makes for the
+/// PeragoTask `task_name` (in its namespace).
+pub fn object_name(task_name: &str) -> String {
+    format!("{task_name}-perago")
+}
+
 /// A Conductor task type whose steps run in a Perago executor pod.
 ///
 /// The operator registers the task's Conductor TaskDef, renders the sidecar's task contract,

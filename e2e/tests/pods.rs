@@ -1639,3 +1639,76 @@ async fn the_staging_gc_cronjob_removes_dead_attempts_branches() {
         )
         .await;
 }
+
+/// `kubectl perago --task`: the plugin finds Conductor and lakeFS the way the task's pods do,
+/// through the kubeconfig, with the credentials from the Secret in the task's namespace; a
+/// flag still wins, and a task that does not exist is one line naming it.
+#[tokio::test]
+async fn kubectl_perago_finds_the_servers_of_a_task() {
+    let Some((services, cluster)) = cluster("kubectl_perago_finds_the_servers_of_a_task").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-plugin", "found");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task(namespace, name, PUBLISH_BODY))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (_lake, repository, input_ref) = seeded(services, "pods-plugin").await;
+    let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
+        .unwrap()
+        .join("kubectl-perago");
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(&plugin);
+        command.args(args).env("KUBECONFIG", cluster.kubeconfig());
+        for var in [
+            "CONDUCTOR_SERVER_URL",
+            "CONDUCTOR_AUTH_KEY",
+            "CONDUCTOR_AUTH_SECRET",
+            "LAKECTL_SERVER_ENDPOINT_URL",
+            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+        ] {
+            command.env_remove(var);
+        }
+        command.output().unwrap()
+    };
+    let history = [
+        "history",
+        "--repository",
+        &repository,
+        "--branch",
+        "main",
+        "-o",
+        "json",
+    ];
+    let mut args = vec!["--task", name, "-n", namespace];
+    args.extend(history);
+    let out = run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["head"], json!(input_ref), "{view}");
+
+    let mut overridden = args.clone();
+    overridden.extend(["--lakefs-endpoint", "http://127.0.0.1:9"]);
+    let out = run(&overridden);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lakeFS"),
+        "the flag wins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut missing = vec!["--task", "nope", "-n", namespace];
+    missing.extend(history);
+    let out = run(&missing);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("PeragoTask {namespace}/nope not found")),
+        "{stderr}"
+    );
+}

@@ -84,7 +84,7 @@ fn metadata(task: &PeragoTask, name: String) -> ObjectMeta {
 
 /// Name of the ConfigMap and the Deployment of a task.
 pub fn object_name(task: &PeragoTask) -> String {
-    format!("{}-perago", task.metadata.name.clone().unwrap_or_default())
+    perago_api::task::object_name(task.metadata.name.as_deref().unwrap_or_default())
 }
 
 pub fn contract_text(contract: &TaskContract) -> String {

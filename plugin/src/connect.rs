@@ -48,6 +48,13 @@ pub struct Endpoints {
     /// Timeout of every call (seconds).
     #[arg(long, default_value_t = 30, global = true)]
     pub timeout_seconds: u64,
+    /// Use the Conductor and lakeFS this PeragoTask's pods use, read through your kubeconfig;
+    /// flags and the variables above override what it finds.
+    #[arg(long, global = true)]
+    pub task: Option<String>,
+    /// The namespace of `--task` (default: the kubeconfig context's).
+    #[arg(short = 'n', long, global = true, requires = "task")]
+    pub namespace: Option<String>,
 }
 
 /// lakeFS's endpoint and credentials.
@@ -72,6 +79,34 @@ fn given(value: &Option<String>) -> Option<&str> {
 }
 
 impl Endpoints {
+    /// These endpoints, with what `--task` finds filling the ones not given.
+    pub async fn resolved(&self) -> Result<Self, Failure> {
+        let Some(task) = &self.task else {
+            return Ok(self.clone());
+        };
+        let env = crate::cluster::task_environment(self.namespace.as_deref(), task).await?;
+        let mut out = self.clone();
+        for (field, name) in [
+            (&mut out.conductor_url, "CONDUCTOR_SERVER_URL"),
+            (&mut out.conductor_auth_key, "CONDUCTOR_AUTH_KEY"),
+            (&mut out.conductor_auth_secret, "CONDUCTOR_AUTH_SECRET"),
+            (&mut out.lakefs_endpoint, "LAKECTL_SERVER_ENDPOINT_URL"),
+            (
+                &mut out.lakefs_access_key_id,
+                "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+            ),
+            (
+                &mut out.lakefs_secret_access_key,
+                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+            ),
+        ] {
+            if given(field).is_none() {
+                *field = env.get(name).cloned();
+            }
+        }
+        Ok(out)
+    }
+
     fn timeout(&self) -> Duration {
         Duration::from_secs(self.timeout_seconds.max(1))
     }

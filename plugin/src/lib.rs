@@ -5,6 +5,7 @@
 //! Each command builds a view first and prints it as a table, JSON or YAML; nothing is changed
 //! before every lookup has succeeded.
 
+pub mod cluster;
 pub mod connect;
 pub mod explain;
 pub mod fence;

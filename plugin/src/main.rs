@@ -39,9 +39,10 @@ enum Command {
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
+    let endpoints = cli.endpoints.resolved().await?;
     match &cli.command {
         Command::History(args) => {
-            let view = history::run(&cli.endpoints, args).await?;
+            let view = history::run(&endpoints, args).await?;
             print!("{}", render(&view, cli.output)?);
             if view.problems.is_empty() {
                 Ok(())
@@ -50,7 +51,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
         Command::Explain(args) => {
-            let view = explain::run(&cli.endpoints, args).await?;
+            let view = explain::run(&endpoints, args).await?;
             print!("{}", render(&view, cli.output)?);
             if view.needs_attention() {
                 Err(Failure::Flagged)
@@ -59,12 +60,12 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
         Command::Gc(args) => {
-            let view = gc::run(&cli.endpoints, args).await?;
+            let view = gc::run(&endpoints, args).await?;
             print!("{}", render(&view, cli.output)?);
             Ok(())
         }
         Command::InstallFence(args) => {
-            let view = fence::run(&cli.endpoints, args).await?;
+            let view = fence::run(&endpoints, args).await?;
             print!("{}", render(&view, cli.output)?);
             if view.outcome == fence::Outcome::Refused {
                 Err(Failure::Flagged)
