@@ -309,6 +309,15 @@ async fn gc_deletes_the_branches_of_dead_attempts_and_keeps_a_live_one() {
     assert_eq!(down.status.code(), Some(1), "{}", stderr(&down));
     assert!(stderr(&down).contains("Conductor"), "{}", stderr(&down));
     assert_eq!(staging_branches(&lake, &repo).await.len(), 3);
+    // lakeFS refusing the credentials: one line naming the call and the status, nothing deleted.
+    let refused = kubectl_perago_with(
+        services,
+        &["gc", "--repository", &repo],
+        &[("LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", "not-the-secret")],
+    );
+    assert_one_line_error(&refused, "HTTP 401");
+    assert!(stderr(&refused).contains("lakeFS"), "{}", stderr(&refused));
+    assert_eq!(staging_branches(&lake, &repo).await.len(), 3);
 
     let dry = kubectl_perago(
         services,
