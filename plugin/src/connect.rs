@@ -57,23 +57,6 @@ pub struct Endpoints {
     pub namespace: Option<String>,
 }
 
-/// lakeFS's endpoint and credentials.
-pub struct LakeFsLogin {
-    pub endpoint: String,
-    pub access_key_id: String,
-    pub secret_access_key: String,
-    pub timeout: Duration,
-}
-
-impl std::fmt::Debug for LakeFsLogin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LakeFsLogin")
-            .field("endpoint", &self.endpoint)
-            .field("access_key_id", &self.access_key_id)
-            .finish_non_exhaustive()
-    }
-}
-
 fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
@@ -112,18 +95,6 @@ impl Endpoints {
     }
 
     pub fn lakefs(&self) -> Result<LakeFsClient, Failure> {
-        let login = self.lakefs_login()?;
-        LakeFsClient::new(
-            &login.endpoint,
-            &login.access_key_id,
-            &login.secret_access_key,
-            login.timeout,
-        )
-        .map_err(|e| Failure::Usage(format!("lakeFS endpoint {}: {e}", login.endpoint)))
-    }
-
-    /// Where lakeFS is and how to log in, for the few calls [`LakeFsClient`] does not make.
-    pub fn lakefs_login(&self) -> Result<LakeFsLogin, Failure> {
         let missing = |what: &str| {
             Failure::Usage(format!(
                 "no lakeFS {what}: pass --lakefs-{} or set LAKECTL_{}",
@@ -139,12 +110,8 @@ impl Endpoints {
         let key = given(&self.lakefs_access_key_id).ok_or_else(|| missing("access key id"))?;
         let secret =
             given(&self.lakefs_secret_access_key).ok_or_else(|| missing("secret access key"))?;
-        Ok(LakeFsLogin {
-            endpoint: endpoint.to_owned(),
-            access_key_id: key.to_owned(),
-            secret_access_key: secret.to_owned(),
-            timeout: self.timeout(),
-        })
+        LakeFsClient::new(endpoint, key, secret, self.timeout())
+            .map_err(|e| Failure::Usage(format!("lakeFS endpoint {endpoint}: {e}")))
     }
 
     /// The Conductor client, when a URL is given.

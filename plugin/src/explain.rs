@@ -23,7 +23,7 @@ use perago_sidecar::workspace::publish::{is_step_branch, staging_branch, step_br
 use crate::Failure;
 use crate::connect::Endpoints;
 
-use crate::output::{Table, cell, columns};
+use crate::output::{Table, cell, columns, short};
 
 /// How many commits of the target branch's first-parent history are searched for an
 /// attempt's confirm commit, from the head down to the attempt's input ref.
@@ -895,10 +895,6 @@ pub fn utc(ms: i64) -> Option<String> {
         rest % 3600 / 60,
         rest % 60
     ))
-}
-
-fn short(id: &str) -> String {
-    id.chars().take(12).collect()
 }
 
 fn commits(n: usize) -> String {

@@ -11,12 +11,12 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 use serde::Serialize;
 
-use perago_sidecar::lakefs::{LakeFsClient, LakeFsError, error_message};
+use perago_sidecar::lakefs::{LakeFsClient, LakeFsError};
 
 use crate::Failure;
-use crate::connect::{Endpoints, LakeFsLogin};
+use crate::connect::Endpoints;
 use crate::history::hard_fence;
-use crate::output::{Table, cell};
+use crate::output::{Table, cell, short};
 use perago_sidecar::workspace::hard_fence::{fences_branch, is_hard_fence, pre_merge_branches};
 
 pub const ACTION_PATH: &str = "_lakefs_actions/perago-hard-fence.yaml";
@@ -95,7 +95,6 @@ pub fn render(branches: &[String]) -> anyhow::Result<String> {
 
 pub async fn run(endpoints: &Endpoints, args: &InstallFenceArgs) -> Result<FenceView, Failure> {
     let lakefs = endpoints.lakefs()?;
-    let login = endpoints.lakefs_login()?;
     let (repo, branch) = (args.repository.as_str(), args.branch.as_str());
     let head = lakefs
         .branch_head(repo, branch)
@@ -155,7 +154,7 @@ pub async fn run(endpoints: &Endpoints, args: &InstallFenceArgs) -> Result<Fence
     let mut planned = view(Outcome::WouldInstall, ACTION_PATH);
     planned.pre_merge_branches = branches;
 
-    if let Some(changes) = uncommitted(&login, repo, branch).await? {
+    if let Some(changes) = uncommitted(&lakefs, repo, branch).await? {
         planned.outcome = Outcome::Refused;
         planned.why = format!(
             "{branch} has uncommitted changes ({changes}), which a commit would take along; commit or reset them first, or install through a branch"
@@ -251,45 +250,13 @@ async fn write(
     }
 }
 
-/// How many changes the branch has that are not committed, when it has any (lakeFS's diff
-/// of the branch against its head, first page).
+/// How many changes the branch has that are not committed, when it has any.
 async fn uncommitted(
-    login: &LakeFsLogin,
+    lakefs: &LakeFsClient,
     repo: &str,
     branch: &str,
 ) -> anyhow::Result<Option<String>> {
-    let call = format!("lakeFS diff branch on {repo}@{branch} failed");
-    let url = format!(
-        "{}/api/v1/repositories/{}/branches/{}/diff",
-        login
-            .endpoint
-            .trim_end_matches('/')
-            .trim_end_matches("/api/v1"),
-        segment(repo),
-        segment(branch)
-    );
-    let response = reqwest::Client::builder()
-        .connect_timeout(login.timeout.min(Duration::from_secs(5)))
-        .build()?
-        .get(url)
-        .query(&[("amount", "100")])
-        .basic_auth(&login.access_key_id, Some(&login.secret_access_key))
-        .timeout(login.timeout)
-        .send()
-        .await
-        .map_err(|e| anyhow::Error::from(e.without_url()).context(call.clone()))?;
-    let status = response.status();
-    let body = response
-        .text()
-        .await
-        .map_err(|e| anyhow::Error::from(e.without_url()).context(call.clone()))?;
-    if !status.is_success() {
-        return Err(anyhow!("{call}: HTTP {status}: {}", error_message(&body)));
-    }
-    let answer: serde_json::Value =
-        serde_json::from_str(&body).with_context(|| format!("{call}: an unreadable answer"))?;
-    let results = answer["results"].as_array().map_or(0, Vec::len);
-    let more = answer["pagination"]["has_more"].as_bool().unwrap_or(false);
+    let (results, more) = lakefs.uncommitted(repo, branch, 100).await?;
     Ok((results > 0).then(|| {
         if more {
             format!("more than {results}")
@@ -297,18 +264,6 @@ async fn uncommitted(
             results.to_string()
         }
     }))
-}
-
-fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// Through a branch: lakeFS lets a protected branch change by a merge.
@@ -365,10 +320,6 @@ impl Table for FenceView {
             }
         }
     }
-}
-
-fn short(id: &str) -> String {
-    id.chars().take(12).collect()
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use perago_sidecar::workspace::history::{Entry, examine};
 
 use crate::Failure;
 use crate::connect::Endpoints;
-use crate::output::{Table, cell, columns};
-use perago_sidecar::workspace::hard_fence;
+use crate::output::{Table, cell, columns, short};
+use perago_sidecar::workspace::{hard_fence, janitor};
 
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
@@ -179,12 +179,10 @@ async fn view(
 }
 
 /// The task's status now, `gone` when Conductor does not know it.
-pub async fn task_status(conductor: &ConductorClient, task_id: &str) -> anyhow::Result<String> {
-    match conductor.task(task_id).await {
-        Ok(task) => Ok(task["status"].as_str().unwrap_or("unknown").to_owned()),
-        Err(e) if e.is_not_found() => Ok("gone".into()),
-        Err(e) => Err(anyhow::Error::from(e).context(format!("task {task_id}"))),
-    }
+async fn task_status(conductor: &ConductorClient, task_id: &str) -> anyhow::Result<String> {
+    Ok(janitor::task_now(conductor, task_id)
+        .await?
+        .map_or_else(|| "gone".to_owned(), |(status, _)| status))
 }
 
 fn link_supersessions(commits: &mut [CommitView]) {
@@ -298,8 +296,4 @@ impl Table for HistoryView {
         }
         out
     }
-}
-
-fn short(id: &str) -> String {
-    id.chars().take(12).collect()
 }

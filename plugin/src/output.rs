@@ -73,6 +73,11 @@ pub fn cell(text: &str, max: usize) -> String {
     }
 }
 
+/// A commit id as people read it: its first 12 characters.
+pub fn short(id: &str) -> String {
+    id.chars().take(12).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

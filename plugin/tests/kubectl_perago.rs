@@ -600,6 +600,14 @@ async fn install_fence_on_a_protected_branch_prints_the_manual_steps_and_they_wo
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // lakeFS caches the rules for a while per code path: let every cache see the new rule, and
+    // make sure writes are still refused.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        upload(&lake, &repo, "main", "probe.txt", "p")
+            .await
+            .is_err()
+    );
 
     let out = kubectl_perago(
         services,

@@ -545,6 +545,31 @@ impl LakeFsClient {
     }
 
     /// Branch names starting with `prefix`.
+    /// How many uncommitted changes `branch` holds, reading at most `amount`; the flag says
+    /// there are more.
+    pub async fn uncommitted(
+        &self,
+        repository: &str,
+        branch: &str,
+        amount: u32,
+    ) -> Result<(usize, bool), LakeFsError> {
+        let call = "diff branch";
+        let path = format!(
+            "/repositories/{}/branches/{}/diff",
+            segment(repository),
+            segment(branch)
+        );
+        let amount = amount.clamp(1, PAGE).to_string();
+        let response = self
+            .idempotent(call, repository, branch, || {
+                self.request(Method::GET, &path, self.timeout)
+                    .query(&[("amount", amount.as_str())])
+            })
+            .await?;
+        let page: Page<Value> = Self::json(call, repository, branch, response).await?;
+        Ok((page.results.len(), page.pagination.has_more))
+    }
+
     pub async fn list_branches(
         &self,
         repository: &str,
