@@ -544,6 +544,45 @@ async fn a_merge_refused_with_503_423_and_429() {
     }
 }
 
+/// The merge reaches lakeFS and lands, but its answer is lost: the attempt fails with an
+/// uncertain outcome (a merge is never tried again), and the retry's publish fence finds the
+/// branch at the first attempt's confirm commit. A retry whose body writes the same files
+/// completes on that publication without merging; one whose body writes other files
+/// publishes on top of it, superseding it.
+#[tokio::test]
+async fn the_merge_answer_lost_after_lakefs_merged() {
+    for (case, body, superseded) in [
+        ("same-files", BODY.to_owned(), 0),
+        (
+            "other-files",
+            format!("echo \"$PERAGO_RETRY_COUNT\" > \"$PERAGO_WORKSPACE/attempt.txt\"\n{BODY}"),
+            1,
+        ),
+    ] {
+        let (t, _) = scenario_with(
+            &format!("merge-answer-lost-{case}"),
+            runs(),
+            Setup {
+                body,
+                ..Setup::default()
+            },
+            Staging::Now,
+            |rig| {
+                rig.lakefs
+                    .inject(Some("POST"), "/merge", Fault::DropResponse, Some(1))
+            },
+            Heal::Never,
+        )
+        .await;
+        assert_eq!(
+            t.failed_attempts, t.runs,
+            "{case}: the first attempt fails: {t:?}"
+        );
+        assert_eq!(t.attempts, 2 * t.runs, "{case}: {t:?}");
+        assert_eq!(t.superseded, superseded * t.runs, "{case}: {t:?}");
+    }
+}
+
 #[tokio::test]
 async fn the_answer_to_the_completed_update_lost() {
     scenario(
