@@ -58,7 +58,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
-	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog fuzz/run
+	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog fuzz/run deploy/krew/manifest
 
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:
