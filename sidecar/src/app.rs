@@ -224,8 +224,10 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         }
         None => None,
     };
+    // Only tasks that publish make staging branches and need the fence.
+    let writable = contract.workspace.as_ref().is_some_and(|ws| !ws.read_only);
     let staging_sweep = match (&lakefs, checked.lakefs.as_ref()) {
-        (Some(client), Some(l)) => l.staging_sweep.map(|period| {
+        (Some(client), Some(l)) if writable => l.staging_sweep.map(|period| {
             let sweep = StagingSweep::new(&contract.task_name, period, l.staging_gone_after);
             tokio::spawn(Arc::clone(&sweep).run(
                 client.clone(),
@@ -236,8 +238,8 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         }),
         _ => None,
     };
-    let hard_fence = match (&lakefs, &contract.workspace) {
-        (Some(client), Some(ws)) if !ws.read_only => Some(HardFenceWatch::new(
+    let hard_fence = match &lakefs {
+        Some(client) if writable => Some(HardFenceWatch::new(
             client.clone(),
             metrics.hard_fence_installed.clone(),
         )),

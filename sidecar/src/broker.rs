@@ -37,7 +37,7 @@ pub struct Broker {
     /// Workspace tasks only.
     pub lakefs: Option<LakeFsClient>,
     pub transfers: Transfers,
-    /// Workspace tasks with the sweep on: told each repository an attempt writes to.
+    /// Writable workspace tasks with the sweep on: told each repository an attempt writes to.
     pub staging_sweep: Option<Arc<StagingSweep>>,
     /// Writable workspace tasks: told each target branch an attempt publishes to.
     pub hard_fence: Option<Arc<HardFenceWatch>>,

@@ -1,12 +1,12 @@
 //! Whether the opt-in hard fence guards a target branch. Without it, a commit that lands
 //! between the publish fence's head check and the merge is stacked under the publication
 //! (docs/reliability.md measures that window). The sidecar checks each target branch it
-//! publishes to once, exports the answer as a gauge and warns when the fence is missing;
-//! `kubectl perago history` reports the same check in its header.
+//! publishes to (again after ten minutes), exports the answer as a gauge and warns once when
+//! the fence is missing; `kubectl perago history` reports the same check in its header.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::IntGaugeVec;
 use tracing::{info, warn};
@@ -101,11 +101,19 @@ pub async fn installed_by(
     Ok(None)
 }
 
-/// The target branches this sidecar has checked, so each is checked once.
+/// How long an answer stands before a publication to the branch checks again, so that an
+/// install (or a removal) shows without a restart.
+const RECHECK: Duration = Duration::from_secs(600);
+
+type Target = (String, String);
+
+/// The target branches this sidecar has checked, and when.
 pub struct HardFenceWatch {
     lakefs: LakeFsClient,
     installed: IntGaugeVec,
-    checked: Mutex<BTreeSet<(String, String)>>,
+    checked: Mutex<BTreeMap<Target, Instant>>,
+    /// Branches already warned about: the warning is logged once per branch.
+    warned: Mutex<BTreeSet<Target>>,
 }
 
 impl HardFenceWatch {
@@ -113,26 +121,33 @@ impl HardFenceWatch {
         Arc::new(Self {
             lakefs,
             installed,
-            checked: Mutex::new(BTreeSet::new()),
+            checked: Mutex::new(BTreeMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
         })
     }
 
-    /// An attempt publishes to `repository@branch`: the first time, check it in the
-    /// background (the attempt does not wait).
+    /// An attempt publishes to `repository@branch`: the first time, and then at most every
+    /// ten minutes, check it in the background (the attempt does not wait).
     pub fn note(self: &Arc<Self>, repository: &str, branch: &str) {
-        let first = self
-            .checked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((repository.to_owned(), branch.to_owned()));
-        if first {
-            let (watch, repository, branch) =
-                (Arc::clone(self), repository.to_owned(), branch.to_owned());
-            tokio::spawn(async move { watch.check(&repository, &branch).await });
+        let target = (repository.to_owned(), branch.to_owned());
+        let due = {
+            let mut checked = self.checked.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = checked
+                .get(&target)
+                .is_none_or(|at| at.elapsed() >= RECHECK);
+            if due {
+                checked.insert(target.clone(), Instant::now());
+            }
+            due
+        };
+        if due {
+            let watch = Arc::clone(self);
+            tokio::spawn(async move { watch.check(target).await });
         }
     }
 
-    async fn check(&self, repository: &str, branch: &str) {
+    async fn check(&self, target: Target) {
+        let (repository, branch) = (target.0.as_str(), target.1.as_str());
         let gauge = self.installed.with_label_values(&[repository, branch]);
         match installed_by(&self.lakefs, repository, branch, branch).await {
             Ok(Some(action)) => {
@@ -144,18 +159,26 @@ impl HardFenceWatch {
             }
             Ok(None) => {
                 gauge.set(0);
-                warn!(
-                    repository,
-                    branch,
-                    "the hard fence is not installed on this target branch: a commit landing between the publish fence and the merge is stacked under the publication (kubectl perago install-fence installs it)"
-                );
+                let first = self
+                    .warned
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(target.clone());
+                if first {
+                    warn!(
+                        repository,
+                        branch,
+                        "the hard fence is not installed on this target branch: a commit landing between the publish fence and the merge is stacked under the publication (kubectl perago install-fence installs it)"
+                    );
+                }
             }
             Err(e) => {
-                // Unknown for now: the gauge stays absent and the next publication checks again.
+                // Unknown for now: the gauge keeps its last value and the next publication
+                // checks again.
                 self.checked
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&(repository.to_owned(), branch.to_owned()));
+                    .remove(&target);
                 warn!(repository, branch, error = %e, "checking for the hard fence failed; the next publication checks again");
             }
         }
