@@ -690,6 +690,17 @@ fn slow_first_body(seconds: u32) -> String {
     )
 }
 
+/// Drop every lease extension the pod sends (the COMPLETED update still goes through).
+fn drop_lease_extensions(rig: &Rig) {
+    rig.conductor.inject_with_body(
+        Some("POST"),
+        "/tasks",
+        "extendLease",
+        Fault::DropRequest,
+        None,
+    );
+}
+
 /// Count the attempts the attempt fence found stale in a pod's log.
 fn fenced_in(log: &str) -> usize {
     log.lines().filter(|l| l.contains("stale attempt")).count()
@@ -710,15 +721,7 @@ async fn the_lease_lost_during_the_body() {
             ..Setup::default()
         },
         Staging::Settled,
-        |rig| {
-            rig.conductor.inject_with_body(
-                Some("POST"),
-                "/tasks",
-                "extendLease",
-                Fault::DropRequest,
-                None,
-            )
-        },
+        drop_lease_extensions,
         Heal::AfterFirstAttempt,
     )
     .await;
@@ -727,8 +730,8 @@ async fn the_lease_lost_during_the_body() {
 }
 
 /// The attempt's lease is lost while it stages (each upload is held back 4 s, longer than the
-/// 2 s response timeout; 5 runs by default): the stale attempt's second attempt fence refuses the merge and its
-/// staging branch is removed; the retry publishes once.
+/// 2 s response timeout; 5 runs by default): the stale attempt's second attempt fence refuses
+/// the merge and its staging branch is removed; the retry publishes once.
 #[tokio::test]
 async fn the_lease_lost_during_stage() {
     let (t, rig) = scenario_with(
@@ -740,13 +743,7 @@ async fn the_lease_lost_during_stage() {
         },
         Staging::Settled,
         |rig| {
-            rig.conductor.inject_with_body(
-                Some("POST"),
-                "/tasks",
-                "extendLease",
-                Fault::DropRequest,
-                None,
-            );
+            drop_lease_extensions(rig);
             rig.lakefs.inject(
                 Some("POST"),
                 "/objects?",
