@@ -2,7 +2,10 @@
 //! socket server.
 //!
 //! A slot is a stable logical identity (1..=N). A runner connection is a *generation*; the
-//! slots are leasable only while a generation is connected and not draining. When a
+//! slots are leasable only while a generation is connected and not draining. The broker
+//! leases a slot before it polls for the task that will run there, so a task never arrives
+//! without one; a draining generation still gets the assignments of slots leased before it
+//! drained, and the sidecar closes its connection once none is leased. When a
 //! generation disconnects, every execution waiting on it ends as lost; a slot whose execution
 //! is still being reported stays busy until that dispatch releases it, so a new generation
 //! never sees the old execution. Completions are matched by execution id and generation;
@@ -62,8 +65,11 @@ struct State {
     last_generation: u64,
     draining: bool,
     sender: Option<mpsc::UnboundedSender<SidecarMessage>>,
-    /// Per slot, the execution it runs.
+    /// Per slot, the execution it runs or is leased for.
     busy: Vec<Option<String>>,
+    /// Executions leased a slot but not yet assigned (a poll in flight): not busy in the
+    /// metrics.
+    reserved: std::collections::HashSet<String>,
     waiting: HashMap<String, Waiter>,
 }
 
@@ -97,7 +103,8 @@ impl RunnerHub {
 
     fn bump(&self, state: &State) {
         let busy = state.busy.iter().filter(|b| b.is_some()).count();
-        self.metrics.set_busy(busy);
+        self.metrics
+            .set_busy(busy.saturating_sub(state.reserved.len()));
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
@@ -126,6 +133,7 @@ impl RunnerHub {
         }
         let index = state.busy.iter().position(Option::is_none)?;
         state.busy[index] = Some(execution_id.to_owned());
+        state.reserved.insert(execution_id.to_owned());
         let lease = Lease {
             slot: u32::try_from(index + 1).unwrap_or(u32::MAX),
             generation: state.generation,
@@ -141,8 +149,18 @@ impl RunnerHub {
         if state.busy.get(index).and_then(Option::as_deref) == Some(execution_id) {
             state.busy[index] = None;
         }
+        state.reserved.remove(execution_id);
         state.waiting.remove(execution_id);
+        Self::close_if_drained(&mut state);
         self.bump(&state);
+    }
+
+    /// A draining generation whose last leased slot is free gets no more assignments: close
+    /// its connection (dropping the sender ends the writer), which tells the runner to exit.
+    fn close_if_drained(state: &mut State) {
+        if state.draining && state.busy.iter().all(Option::is_none) {
+            state.sender = None;
+        }
     }
 
     /// Send an assignment on the lease's generation. `Err` when that generation is gone.
@@ -157,6 +175,7 @@ impl RunnerHub {
             return Err(GenerationGone);
         }
         let sender = state.sender.clone().ok_or(GenerationGone)?;
+        state.reserved.remove(execution_id);
         let (tx, rx) = oneshot::channel();
         state.waiting.insert(
             execution_id.to_owned(),
@@ -174,6 +193,7 @@ impl RunnerHub {
             state.waiting.remove(execution_id);
             return Err(GenerationGone);
         }
+        self.bump(&state);
         Ok(rx)
     }
 
@@ -243,6 +263,7 @@ impl RunnerHub {
         let mut state = self.lock();
         if state.generation == generation {
             state.draining = true;
+            Self::close_if_drained(&mut state);
         }
         self.bump(&state);
     }
@@ -433,6 +454,38 @@ mod tests {
         assert_eq!(hub.free_slots(), 2);
         hub.drain(generation);
         assert_eq!(hub.free_slots(), 0);
+    }
+
+    /// A slot leased for a poll in flight when the runner starts draining still gets its
+    /// assignment; the connection closes once the last leased slot is free.
+    #[tokio::test]
+    async fn a_draining_runner_gets_the_leased_assignments_then_the_connection_closes() {
+        let hub = hub(2);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (generation, _) = hub.connect(tx);
+        let lease = hub.lease("polled").unwrap();
+        assert_eq!(
+            hub.metrics.slots_busy.get(),
+            0,
+            "a lease for a poll is not busy"
+        );
+        hub.drain(generation);
+        assert!(hub.lease("later").is_none());
+        hub.assign(lease, "polled", BTreeMap::new()).unwrap();
+        assert_eq!(hub.metrics.slots_busy.get(), 1);
+        assert!(matches!(
+            rx.recv().await,
+            Some(SidecarMessage::Assign { .. })
+        ));
+        hub.complete(generation, "polled", ProcessEnd::Exited { code: 0 });
+        hub.release(lease, "polled");
+        assert!(rx.recv().await.is_none(), "closed once nothing is leased");
+
+        // Draining with nothing leased closes at once.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (generation, _) = hub.connect(tx);
+        hub.drain(generation);
+        assert!(rx.recv().await.is_none());
     }
 
     #[tokio::test]

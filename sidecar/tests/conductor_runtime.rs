@@ -751,3 +751,71 @@ async fn task_metrics_are_exported_over_otlp() {
         (1, Some(5.0))
     );
 }
+
+/// The `perago-runner` the local pod's sidecar started, if one runs now.
+fn runner_of(sidecar: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`; comm may hold spaces, so split after its last ')'.
+        let (head, rest) = stat.rsplit_once(") ")?;
+        let ppid: i32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == sidecar && head.ends_with("(perago-runner")).then_some(pid)
+    })
+}
+
+/// The runner is told to stop while the sidecar's long poll is in flight: the task that poll
+/// brings already holds a slot, runs on the stopping runner and completes with one attempt;
+/// the runner exits once the sidecar lets it go, and a new one takes over.
+#[tokio::test]
+async fn a_task_polled_while_the_runner_stops_still_runs_there() {
+    let c = conductor().await;
+    let task = "rt.drainrace";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    // 3 s long polls: a poll is nearly always in flight when the runner is told to stop.
+    let pod = pod(
+        &c,
+        &contract,
+        SLEEPER,
+        &[("PERAGO_POLL_TIMEOUT_MS", "3000")],
+    )
+    .await;
+    let mut stopped = Vec::new();
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let runner = loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "round {round}: no new runner:\n{}",
+                pod.log()
+            );
+            match runner_of(pod.pid()) {
+                Some(pid) if !stopped.contains(&pid) => break pid,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        pod.wait_ready().await;
+        kill(&runner.to_string(), nix::sys::signal::Signal::SIGTERM);
+        stopped.push(runner);
+        // Its `draining` reaches the sidecar (the runner looks at its signals every 200 ms).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let id = c
+            .start(task, &format!("race-{round}"), json!({"params": {"n": 1}}))
+            .await;
+        let wf = c.finished(&id).await;
+        let t = only_task(&wf);
+        assert_eq!(
+            t["status"],
+            "COMPLETED",
+            "round {round}: {wf}\n{}",
+            pod.log()
+        );
+    }
+    let log = pod.log();
+    assert!(
+        log.matches("runner is draining; no more assignments go to it")
+            .count()
+            >= 3,
+        "{log}"
+    );
+}

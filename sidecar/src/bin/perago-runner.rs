@@ -7,8 +7,9 @@
 //!
 //! - Sidecar gone: every running process is killed (its result could not be reported) and the
 //!   runner reconnects; the sidecar treats the new connection as a new generation.
-//! - SIGTERM/SIGINT: the runner tells the sidecar it is draining, lets running processes finish
-//!   and report, then exits 0.
+//! - SIGTERM/SIGINT: the runner tells the sidecar it is draining, runs what the sidecar had
+//!   already taken, lets running processes finish and report, and exits 0 when the sidecar
+//!   closes the connection.
 //! - Re-parented (its starter died; only outside a container): it exits.
 
 use std::collections::HashMap;
@@ -72,6 +73,9 @@ fn parse_args() -> Result<Args, String> {
     };
     Ok(Args { socket, command })
 }
+
+/// Longest a stopping, idle runner waits for the sidecar to close the connection.
+const DRAIN_BACKSTOP: Duration = Duration::from_secs(30);
 
 fn log(message: &str) {
     eprintln!("perago-runner: {message}");
@@ -155,15 +159,19 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
     });
 
     let mut running: HashMap<String, i32> = HashMap::new();
-    let mut drain_sent = false;
+    let mut drained_at: Option<Instant> = None;
     loop {
         if terminating.load(Ordering::SeqCst) {
-            if !drain_sent {
-                log("stopping: no new assignments; waiting for running ones");
+            // The sidecar may have leased a slot for a poll in flight: its assignment can
+            // still come. The sidecar closes the connection once nothing is leased; the
+            // backstop only covers a sidecar that never does.
+            let since = *drained_at.get_or_insert_with(|| {
+                log("stopping: finishing running executions and those the sidecar already took");
                 let _ = send(&writer, &RunnerMessage::Draining);
-                drain_sent = true;
-            }
-            if running.is_empty() {
+                Instant::now()
+            });
+            if running.is_empty() && since.elapsed() > DRAIN_BACKSTOP {
+                log("the sidecar kept the connection open after draining; exiting");
                 return Ok(true);
             }
         }
