@@ -188,6 +188,22 @@ impl Pod {
         std::fs::read_to_string(self.path("pod.log")).unwrap_or_default()
     }
 
+    /// The log once a line holds every one of `words`, or after 10 s (what follows the report,
+    /// such as the sweep of earlier attempts' staging branches, may log after the workflow
+    /// is seen finished).
+    pub async fn log_with(&self, words: &[&str]) -> String {
+        let started = Instant::now();
+        loop {
+            let log = self.log();
+            if log.lines().any(|l| words.iter().all(|w| l.contains(w)))
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
         let resp = reqwest::get(format!("http://127.0.0.1:{}{path}", self.http))
             .await

@@ -152,7 +152,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let mut outcome = error_document(result_text.as_bytes());
+    let mut outcome = Outcome::from(error_document(result_text.as_bytes()));
     let reason = outcome
         .reason()
         .expect("an error document is a failure")

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use perago_api::contract::{CONTRACT_VERSION, TaskContract};
 
-use crate::broker::Broker;
+use crate::broker::{Broker, TaskRuntime};
 use crate::conductor::ConductorClient;
 use crate::config::Settings;
 use crate::execution;
@@ -21,9 +21,9 @@ use crate::otlp::{self, Exporter};
 use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
-use crate::workspace::attempt::Transfers;
 use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::janitor::StagingSweep;
+use crate::workspace::{TransferLimits, WorkspaceRuntime};
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]
@@ -104,22 +104,16 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     std::sync::LazyLock::force(&STARTED);
     let contract = read_contract(&settings.contract)?;
     let schemas = Schemas::compile(&contract).map_err(StartError)?;
-    let (lakefs, transfers) = match (&contract.workspace, &checked.lakefs) {
-        (None, _) => (
-            None,
-            Transfers {
-                fault: None,
-                parallelism: 1,
-                object_timeout: Duration::from_secs(1),
-                merge_timeout: Duration::from_secs(1),
-            },
-        ),
+    // The lakeFS client and limits of a workspace task; the sweep and the hard-fence watch
+    // are added once Conductor and the metrics exist.
+    let workspace = match (&contract.workspace, &checked.lakefs) {
+        (None, _) => None,
         (Some(_), None) => {
             return Err(StartError(
                 "LakeFS config is required for workspace tasks".into(),
             ));
         }
-        (Some(_), Some(l)) => {
+        (Some(spec), Some(l)) => {
             let client = LakeFsClient::new(
                 &l.endpoint,
                 &l.access_key_id,
@@ -133,15 +127,19 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
                 .as_ref()
                 .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
                 .map_or(l.merge_timeout, Duration::from_secs);
-            (
-                Some(client),
-                Transfers {
-                    fault: l.fault.clone(),
-                    parallelism: l.parallelism,
-                    object_timeout: l.transfer_timeout,
-                    merge_timeout,
-                },
-            )
+            let limits = TransferLimits {
+                fault: l.fault,
+                parallelism: l.parallelism,
+                object_timeout: l.transfer_timeout,
+                merge_timeout,
+            };
+            Some((
+                spec.clone(),
+                client,
+                limits,
+                l.staging_sweep,
+                l.staging_gone_after,
+            ))
         }
     };
     let work_dir = settings.work_dir.clone();
@@ -224,26 +222,30 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         }
         None => None,
     };
-    // Only tasks that publish make staging branches and need the fence.
-    let writable = contract.workspace.as_ref().is_some_and(|ws| !ws.read_only);
-    let staging_sweep = match (&lakefs, checked.lakefs.as_ref()) {
-        (Some(client), Some(l)) if writable => l.staging_sweep.map(|period| {
-            let sweep = StagingSweep::new(&contract.task_name, period, l.staging_gone_after);
-            tokio::spawn(Arc::clone(&sweep).run(
-                client.clone(),
-                Arc::clone(&conductor),
-                metrics.staging_branches_swept.clone(),
-            ));
-            sweep
-        }),
-        _ => None,
-    };
-    let hard_fence = match &lakefs {
-        Some(client) if writable => Some(HardFenceWatch::new(
-            client.clone(),
-            metrics.hard_fence_installed.clone(),
-        )),
-        _ => None,
+    let runtime = match workspace {
+        None => TaskRuntime::WorkspaceFree,
+        Some((spec, lakefs, limits, sweep_period, gone_after)) => {
+            // Only tasks that publish make staging branches and need the fence.
+            let writable = !spec.read_only;
+            let staging_sweep = sweep_period.filter(|_| writable).map(|period| {
+                let sweep = StagingSweep::new(&contract.task_name, period, gone_after);
+                tokio::spawn(Arc::clone(&sweep).run(
+                    lakefs.clone(),
+                    Arc::clone(&conductor),
+                    metrics.staging_branches_swept.clone(),
+                ));
+                sweep
+            });
+            let hard_fence = writable
+                .then(|| HardFenceWatch::new(lakefs.clone(), metrics.hard_fence_installed.clone()));
+            TaskRuntime::Workspace(Box::new(WorkspaceRuntime {
+                spec,
+                lakefs,
+                limits,
+                staging_sweep,
+                hard_fence,
+            }))
+        }
     };
     let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
@@ -254,10 +256,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         metrics: Arc::clone(&metrics),
         settings: checked,
         work_dir,
-        lakefs,
-        transfers,
-        staging_sweep,
-        hard_fence,
+        runtime,
     });
     broker.run(stop).await;
     if let Some((exporter, task)) = exporter {
@@ -283,6 +282,8 @@ async fn export_periodically(exporter: Arc<Exporter>, metrics: Arc<Metrics>, ins
         tokio::time::Instant::now() + exporter.interval(),
         exporter.interval(),
     );
+    // An export slower than the interval skips the ticks it missed rather than bunching them.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         ticks.tick().await;
         exporter
@@ -331,7 +332,7 @@ async fn supervise_runner(
     command: Vec<String>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut restarts = 0u32;
+    let mut restarts = crate::retry::runner_restarts();
     loop {
         let child = Command::new(&path)
             .arg("--socket")
@@ -354,9 +355,7 @@ async fn supervise_runner(
         };
         match exited {
             Some(status) => {
-                let delay =
-                    Duration::from_secs(1u64 << restarts.min(4)).min(Duration::from_secs(30));
-                restarts += 1;
+                let delay = restarts.next().unwrap_or(Duration::from_secs(30));
                 warn!(status = ?status.ok(), restart_in_s = delay.as_secs(), "perago-runner exited; restarting");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}

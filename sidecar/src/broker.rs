@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value};
+use backon::Retryable;
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -14,17 +15,15 @@ use perago_api::contract::TaskContract;
 
 use crate::attempt::{AttemptSnapshot, report_identity};
 use crate::conductor::{ConductorClient, ConductorError};
-use crate::config::Checked;
-use crate::execution::{self, ExecutionDir, Run};
-use crate::input::{self, Schemas};
-use crate::lakefs::LakeFsClient;
+use crate::config::RuntimeSettings;
+use crate::failure::AttemptError;
+use crate::input::Schemas;
 use crate::outcome::Outcome;
+use crate::pipeline::{Attempt, Completion, Sweep};
+use crate::retry;
 use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
-use crate::workspace::attempt::{Transfers, WorkspaceAttempt};
-use crate::workspace::hard_fence::HardFenceWatch;
-use crate::workspace::input::WorkspaceRef;
-use crate::workspace::janitor::StagingSweep;
+use crate::workspace::{WorkspaceRuntime, publish};
 
 pub struct Broker {
     pub contract: TaskContract,
@@ -32,20 +31,16 @@ pub struct Broker {
     pub conductor: Arc<ConductorClient>,
     pub hub: Arc<RunnerHub>,
     pub metrics: Arc<Metrics>,
-    pub settings: Checked,
+    pub settings: RuntimeSettings,
     pub work_dir: std::path::PathBuf,
-    /// Workspace tasks only.
-    pub lakefs: Option<LakeFsClient>,
-    pub transfers: Transfers,
-    /// Writable workspace tasks with the sweep on: told each repository an attempt writes to.
-    pub staging_sweep: Option<Arc<StagingSweep>>,
-    /// Writable workspace tasks: told each target branch an attempt publishes to.
-    pub hard_fence: Option<Arc<HardFenceWatch>>,
+    pub runtime: TaskRuntime,
 }
 
-/// `min(base × 2ⁿ, cap)`.
-fn backoff(base: Duration, n: u32, cap: Duration) -> Duration {
-    base.saturating_mul(1u32 << n.min(16)).min(cap)
+/// The two kinds of task, decided once at start-up from the contract.
+pub enum TaskRuntime {
+    /// The body runs on its params alone.
+    WorkspaceFree,
+    Workspace(Box<WorkspaceRuntime>),
 }
 
 impl Broker {
@@ -54,8 +49,9 @@ impl Broker {
         let (abandon_tx, abandon) = watch::channel(false);
         let mut inflight = JoinSet::new();
         let mut slots = self.hub.subscribe();
-        let mut empty_polls = 0u32;
-        let mut failed_polls = 0u32;
+        // Pauses after empty and after failed polls, each started again by a poll with tasks.
+        let mut empty_pauses = retry::empty_polls(self.settings.poll_interval);
+        let mut failure_pauses: Option<backon::ExponentialBackoff> = None;
         let task_name = self.contract.task_name.clone();
         while !*stop.borrow() {
             while inflight.try_join_next().is_some() {}
@@ -68,36 +64,50 @@ impl Broker {
                 }
                 continue;
             }
-            let pause = match self
+            // Lease the slots before the poll: a task the poll brings always has one, even if
+            // the runner starts draining while the poll is in flight.
+            let mut leases: Vec<(String, Lease)> = (0..free)
+                .map_while(|_| {
+                    let execution_id = uuid::Uuid::new_v4().simple().to_string();
+                    let lease = self.hub.lease(&execution_id)?;
+                    Some((execution_id, lease))
+                })
+                .collect();
+            if leases.is_empty() {
+                continue;
+            }
+            let polled = self
                 .conductor
                 .batch_poll(
                     &task_name,
                     &self.settings.worker_id,
-                    free,
+                    u32::try_from(leases.len()).unwrap_or(free),
                     self.settings.poll_wait,
                 )
-                .await
-            {
+                .await;
+            let taken = polled.as_ref().map_or(0, Vec::len).min(leases.len());
+            for (execution_id, lease) in leases.split_off(taken) {
+                self.hub.release(lease, &execution_id);
+            }
+            let pause = match polled {
                 Ok(tasks) if tasks.is_empty() => {
                     self.metrics.polls.with_label_values(&["empty"]).inc();
-                    failed_polls = 0;
-                    empty_polls = empty_polls.saturating_add(1);
-                    backoff(
-                        Duration::from_millis(1),
-                        empty_polls.min(10),
-                        self.settings.poll_interval,
-                    )
+                    failure_pauses = None;
+                    empty_pauses.next().unwrap_or(self.settings.poll_interval)
                 }
                 Ok(tasks) => {
                     self.metrics.polls.with_label_values(&["tasks"]).inc();
                     self.metrics.polled_tasks.inc_by(tasks.len() as u64);
-                    empty_polls = 0;
-                    failed_polls = 0;
+                    empty_pauses = retry::empty_polls(self.settings.poll_interval);
+                    failure_pauses = None;
+                    let mut leases = leases.into_iter();
                     for task in tasks {
-                        // Lease here, not in the spawned attempt, so the next poll already
-                        // counts this slot as taken.
-                        let execution_id = uuid::Uuid::new_v4().simple().to_string();
-                        let lease = self.hub.lease(&execution_id);
+                        // More tasks than asked for would find no slot (Conductor never does
+                        // this); they fail at once rather than wait unseen.
+                        let (execution_id, lease) = match leases.next() {
+                            Some((id, lease)) => (id, Some(lease)),
+                            None => (uuid::Uuid::new_v4().simple().to_string(), None),
+                        };
                         let broker = Arc::clone(&self);
                         let abandon = abandon.clone();
                         inflight.spawn(async move {
@@ -112,13 +122,13 @@ impl Broker {
                         .conductor_errors
                         .with_label_values(&[e.call()])
                         .inc();
-                    failed_polls = failed_polls.saturating_add(1);
-                    let cap = if e.is_auth() { 60 } else { 120 };
-                    let pause = backoff(
-                        Duration::from_secs(1),
-                        failed_polls - 1,
-                        Duration::from_secs(cap),
-                    );
+                    // Refused credentials are retried at most every minute or so, other
+                    // failures every two.
+                    let longest = Duration::from_secs(if e.is_auth() { 60 } else { 120 });
+                    let pause = failure_pauses
+                        .get_or_insert_with(|| retry::poll_failures(longest))
+                        .next()
+                        .unwrap_or(longest);
                     warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "polling Conductor failed");
                     pause
                 }
@@ -167,7 +177,12 @@ impl Broker {
                 match report_identity(&task) {
                     Some((wf, id)) => {
                         let span = info_span!("attempt", workflow_instance_id = %wf, task_id = %id, execution_id = %execution_id);
-                        self.report(&wf, &id, Outcome::failed(e.to_string()))
+                        let error = AttemptError::from(e);
+                        self.metrics
+                            .attempt_failures
+                            .with_label_values(&[error.label()])
+                            .inc();
+                        self.report(&wf, &id, Outcome::from(error))
                             .instrument(span)
                             .await;
                     }
@@ -189,11 +204,21 @@ impl Broker {
             let started = Instant::now();
             info!(phase = "start", reference_task_name = %snapshot.reference_task_name, "attempt started");
             let keeper = self.keep_lease(&snapshot);
-            let outcome = self.execute(&snapshot, &execution_id, lease, abandon).await;
+            let done = self.execute(&snapshot, &execution_id, lease, abandon).await;
             keeper.abort();
             let _ = keeper.await;
             self.metrics.record_attempt_seconds(started.elapsed().as_secs_f64());
+            let (outcome, sweep) = match done {
+                Ok(completion) => (Outcome::Completed(completion.output), completion.sweep),
+                Err(error) => {
+                    self.metrics.attempt_failures.with_label_values(&[error.label()]).inc();
+                    (Outcome::from(error), None)
+                }
+            };
             self.report(&snapshot.workflow_instance_id, &snapshot.task_id, outcome).await;
+            if let Some(sweep) = sweep {
+                self.sweep_after_report(&snapshot, sweep).await;
+            }
         }
         .instrument(span)
         .await;
@@ -222,6 +247,8 @@ impl Broker {
                     return;
                 }
                 let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                // After a slow extension, the next one comes a period later, not at once.
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticks.tick().await;
                     match broker.conductor.extend_lease(&wf, &id, &broker.settings.worker_id).await {
@@ -245,96 +272,42 @@ impl Broker {
         execution_id: &str,
         lease: Option<Lease>,
         abandon: watch::Receiver<bool>,
-    ) -> Outcome {
+    ) -> Result<Completion, AttemptError> {
         let Some(lease) = lease else {
-            return Outcome::failed(format!(
-                "no executor slot is free for task {}; the task-body runner is not connected",
-                snapshot.task_id
-            ));
+            return Err(AttemptError::NoSlot {
+                task_id: snapshot.task_id.clone(),
+            });
         };
-        let outcome = self
-            .execute_on(snapshot, execution_id, lease, abandon)
-            .await;
+        let attempt = Attempt {
+            broker: self,
+            snapshot,
+            execution_id,
+            lease,
+            abandon,
+        };
+        let done = attempt.run().await;
         self.hub.release(lease, execution_id);
-        outcome
+        done
     }
 
-    async fn execute_on(
-        &self,
-        snapshot: &AttemptSnapshot,
-        execution_id: &str,
-        lease: Lease,
-        abandon: watch::Receiver<bool>,
-    ) -> Outcome {
-        let started = Instant::now();
-        let accepted = input::accept(&self.contract, &snapshot.input_data).and_then(|accepted| {
-            let workspace = match (&self.contract.workspace, &accepted.workspace) {
-                (Some(_), Some(value)) => Some(WorkspaceRef::parse(value)?),
-                _ => None,
-            };
-            let params = self
-                .schemas
-                .params(accepted.params, self.contract.strict_params)?;
-            Ok((workspace, params))
-        });
-        self.metrics.observe_phase("input", started);
-        let (workspace, params) = match accepted {
-            Ok(p) => p,
-            Err(reason) => {
-                info!(phase = "input", reason = %reason, "input refused");
-                return Outcome::Failed(reason);
-            }
+    /// Remove the staging branches earlier attempts of this step left behind (a pod that died
+    /// between stage or merge and cleanup). After the report, so it never delays it.
+    async fn sweep_after_report(&self, snapshot: &AttemptSnapshot, sweep: Sweep) {
+        let TaskRuntime::Workspace(runtime) = &self.runtime else {
+            return;
         };
-        let slot_worker_id = format!("{}-{:04}", self.settings.worker_id, lease.slot);
-        match ExecutionDir::create(&self.work_dir, snapshot, execution_id, &slot_worker_id) {
-            Err(e) => Outcome::failed(format!("preparing the execution directory failed: {e}")),
-            Ok(dir) => {
-                let mut run = Run {
-                    hub: &self.hub,
-                    metrics: &self.metrics,
-                    schemas: &self.schemas,
-                    lease,
-                    execution_id,
-                    slot_worker_id: &slot_worker_id,
-                    task_name: &self.contract.task_name,
-                    deadline: u64::try_from(self.contract.timeout_seconds)
-                        .ok()
-                        .filter(|s| *s > 0)
-                        .map(Duration::from_secs),
-                    abandon,
-                };
-                let outcome = match (&workspace, &self.contract.workspace, &self.lakefs) {
-                    (Some(ws), Some(spec), Some(lakefs)) => {
-                        let outcome = WorkspaceAttempt {
-                            lakefs,
-                            conductor: &self.conductor,
-                            spec,
-                            transfers: &self.transfers,
-                            worker_id: &self.settings.worker_id,
-                            work_dir: &self.work_dir,
-                        }
-                        .run(&mut run, snapshot, &dir, ws, &params)
-                        .await;
-                        if let Some(sweep) = &self.staging_sweep {
-                            sweep.note(&ws.repository);
-                        }
-                        if let Some(watch) = &self.hard_fence {
-                            watch.note(&ws.repository, &ws.branch);
-                        }
-                        outcome
-                    }
-                    _ => match execution::run_body(&mut run, snapshot, &dir, &params, None).await {
-                        Ok(result) => {
-                            let mut output = Map::new();
-                            output.insert("result".into(), result);
-                            Outcome::Completed(output)
-                        }
-                        Err(outcome) => outcome,
-                    },
-                };
-                dir.remove().await;
-                outcome
-            }
+        let removed = publish::sweep_step_branches(
+            &runtime.lakefs,
+            &sweep.repository,
+            snapshot,
+            sweep.ours.as_deref(),
+        )
+        .await;
+        if removed > 0 {
+            info!(
+                removed_count = removed,
+                "removed staging branches earlier attempts of this step left behind"
+            );
         }
     }
 
@@ -359,65 +332,45 @@ impl Broker {
             .and_then(|b| u64::try_from(b.conductor_completion_timeout_seconds).ok())
             .map_or(self.settings.request_timeout, Duration::from_secs);
         let started = Instant::now();
-        let mut last: Option<ConductorError> = None;
-        for attempt in 0..6u32 {
-            if attempt > 0 {
-                tokio::time::sleep(backoff(
-                    Duration::from_secs(1),
-                    attempt - 1,
-                    Duration::from_secs(16),
-                ))
-                .await;
+        let sent = (|| self.conductor.update_task(&body, timeout))
+            .retry(retry::report())
+            .when(ConductorError::is_transient)
+            .notify(|e, pause| {
+                self.metrics
+                    .conductor_errors
+                    .with_label_values(&[e.call()])
+                    .inc();
+                warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "reporting the result failed; trying again");
+            })
+            .await;
+        let last = match sent {
+            Ok(()) => {
+                self.metrics.attempts.with_label_values(&[status]).inc();
+                self.metrics.observe_phase("report", started);
+                info!(
+                    phase = "report",
+                    status,
+                    reason = outcome.reason().unwrap_or(""),
+                    "attempt reported"
+                );
+                return;
             }
-            match self.conductor.update_task(&body, timeout).await {
-                Ok(()) => {
-                    self.metrics.attempts.with_label_values(&[status]).inc();
-                    self.metrics.observe_phase("report", started);
-                    info!(
-                        phase = "report",
-                        status,
-                        reason = outcome.reason().unwrap_or(""),
-                        "attempt reported"
-                    );
-                    return;
-                }
-                Err(e) => {
-                    self.metrics
-                        .conductor_errors
-                        .with_label_values(&[e.call()])
-                        .inc();
-                    let transient = e.is_transient();
-                    warn!(error = %e, attempt = attempt + 1, transient, "reporting the result failed");
-                    last = Some(e);
-                    if !transient {
-                        break;
-                    }
-                }
+            Err(e) => {
+                self.metrics
+                    .conductor_errors
+                    .with_label_values(&[e.call()])
+                    .inc();
+                warn!(error = %e, transient = e.is_transient(), "reporting the result failed");
+                e
             }
-        }
+        };
         self.metrics.results_lost.inc();
         error!(
             status,
             workflow_instance_id,
             task_id,
-            error = %last.map(|e| e.to_string()).unwrap_or_default(),
+            error = %last,
             "task result LOST: Conductor did not accept it; its timeouts and retry policy decide what happens next"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let ms = |n| backoff(Duration::from_millis(1), n, Duration::from_millis(100)).as_millis();
-        assert_eq!(
-            [ms(0), ms(1), ms(5), ms(7), ms(10), ms(40)],
-            [1, 2, 32, 100, 100, 100]
-        );
-        let s = |n| backoff(Duration::from_secs(1), n, Duration::from_secs(120)).as_secs();
-        assert_eq!([s(0), s(3), s(6), s(7)], [1, 8, 64, 120]);
     }
 }

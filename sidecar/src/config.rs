@@ -103,9 +103,34 @@ pub struct Settings {
     pub http_addr: SocketAddr,
 }
 
+/// Testing only: where `PERAGO_FAULT` stops an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// Exit after the body and the post guardrails.
+    ExitAfterBody,
+    /// Exit after the try commit.
+    ExitAfterStage,
+    /// Exit after the merge, before cleanup and the report.
+    ExitAfterMerge,
+    /// Hold before the merge until `paused-before-merge` in the work directory is removed.
+    PauseBeforeMerge,
+}
+
+impl FaultPoint {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "exit-after-body" => Self::ExitAfterBody,
+            "exit-after-stage" => Self::ExitAfterStage,
+            "exit-after-merge" => Self::ExitAfterMerge,
+            "pause-before-merge" => Self::PauseBeforeMerge,
+            _ => return None,
+        })
+    }
+}
+
 /// Settings checked and turned into the values the runtime uses.
 #[derive(Debug, Clone)]
-pub struct Checked {
+pub struct RuntimeSettings {
     pub conductor_url: String,
     pub credentials: Option<Credentials>,
     pub request_timeout: Duration,
@@ -122,7 +147,7 @@ pub struct Checked {
 
 #[derive(Clone)]
 pub struct LakeFsSettings {
-    pub fault: Option<String>,
+    pub fault: Option<FaultPoint>,
     pub endpoint: String,
     pub access_key_id: String,
     pub secret_access_key: String,
@@ -156,7 +181,7 @@ fn not_placeholder(name: &str, value: Option<String>) -> Result<Option<String>, 
 }
 
 impl Settings {
-    pub fn check(&self) -> Result<Checked, String> {
+    pub fn check(&self) -> Result<RuntimeSettings, String> {
         let conductor_url =
             not_placeholder("CONDUCTOR_SERVER_URL", set(self.conductor_url.as_ref()))?
                 .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
@@ -200,13 +225,10 @@ impl Settings {
         }
         let fault = match self.fault.as_deref().map(str::trim) {
             None | Some("") => None,
-            Some(
-                f @ ("exit-after-body" | "exit-after-stage" | "exit-after-merge"
-                | "pause-before-merge"),
-            ) => Some(f.to_owned()),
-            Some(other) => {
-                return Err(format!("PERAGO_FAULT '{other}' is not a known crash point"));
-            }
+            Some(name) => Some(
+                FaultPoint::parse(name)
+                    .ok_or_else(|| format!("PERAGO_FAULT '{name}' is not a known crash point"))?,
+            ),
         };
         let lakefs_vars = [
             (
@@ -308,7 +330,7 @@ impl Settings {
             Some(p) => format!("{p}-{pod}-{suffix}"),
             None => format!("{pod}-{suffix}"),
         };
-        Ok(Checked {
+        Ok(RuntimeSettings {
             conductor_url,
             credentials,
             request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
@@ -335,7 +357,7 @@ mod tests {
         settings: Settings,
     }
 
-    fn check(args: &[&str]) -> Result<Checked, String> {
+    fn check(args: &[&str]) -> Result<RuntimeSettings, String> {
         let mut all = vec!["x", "--pod-name", "pod-a"];
         all.extend_from_slice(args);
         Cli::try_parse_from(all)

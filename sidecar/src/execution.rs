@@ -11,8 +11,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::attempt::AttemptSnapshot;
+use crate::failure::AttemptError;
 use crate::input::Schemas;
-use crate::outcome::{Outcome, clip_path};
+use crate::outcome::clip_path;
 use crate::protocol::{env, files};
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
@@ -136,7 +137,7 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 }
 
 /// What an execution needs besides the snapshot.
-pub struct Run<'a> {
+pub struct Dispatch<'a> {
     pub hub: &'a RunnerHub,
     pub metrics: &'a Metrics,
     pub schemas: &'a Schemas,
@@ -172,21 +173,21 @@ pub fn pipe_broken(worker: &str, task_id: &str) -> String {
     format!("executor pipe for worker {worker} is broken for task {task_id}")
 }
 
-/// Run the body once on validated params; the returned outcome carries `{result}` on
-/// success. `workspace` is the directory the body sees as `PERAGO_WORKSPACE`, if any.
+/// Run the body once on validated params and return its result. `workspace` is the
+/// directory the body sees as `PERAGO_WORKSPACE`, if any.
 pub async fn run_body(
-    run: &mut Run<'_>,
+    run: &Dispatch<'_>,
     snapshot: &AttemptSnapshot,
     dir: &ExecutionDir,
     params: &Value,
     workspace: Option<&Path>,
-) -> Result<Value, Outcome> {
+) -> Result<Value, AttemptError> {
     let params_path = dir.file(files::PARAMS);
     let text = serde_json::to_vec(params)
-        .map_err(|e| Outcome::failed(format!("serialising params failed: {e}")))?;
-    tokio::fs::write(&params_path, text)
-        .await
-        .map_err(|e| Outcome::failed(format!("writing {} failed: {e}", clip_path(&params_path))))?;
+        .map_err(|e| AttemptError::Local(format!("serialising params failed: {e}")))?;
+    tokio::fs::write(&params_path, text).await.map_err(|e| {
+        AttemptError::Local(format!("writing {} failed: {e}", clip_path(&params_path)))
+    })?;
     let mut vars = BTreeMap::new();
     let mut put = |k: &str, v: String| {
         vars.insert(k.to_owned(), v);
@@ -212,7 +213,7 @@ pub async fn run_body(
     let done = run
         .hub
         .assign(run.lease, run.execution_id, vars)
-        .map_err(|_| Outcome::failed(pipe_broken(run.slot_worker_id, task_id)))?;
+        .map_err(|_| AttemptError::Body(pipe_broken(run.slot_worker_id, task_id)))?;
     info!(
         phase = "body",
         slot = run.lease.slot,
@@ -225,25 +226,25 @@ pub async fn run_body(
     let end = match end {
         Waited::Ended(end) => end,
         Waited::Deadline => {
-            return Err(Outcome::failed(format!(
+            return Err(AttemptError::Body(format!(
                 "executor did not return result for task {task_id}"
             )));
         }
         Waited::Abandoned => {
-            return Err(Outcome::failed(format!(
+            return Err(AttemptError::Body(format!(
                 "the sidecar shut down before task {task_id} finished"
             )));
         }
     };
     info!(phase = "body", end = ?end, "task body ended");
     match end {
-        ProcessEnd::RunnerLost => Err(Outcome::failed(runner_lost(run.slot_worker_id, task_id))),
-        ProcessEnd::Signalled { signal, oom_killed } => Err(Outcome::failed(format!(
+        ProcessEnd::RunnerLost => Err(AttemptError::Body(runner_lost(run.slot_worker_id, task_id))),
+        ProcessEnd::Signalled { signal, oom_killed } => Err(AttemptError::Body(format!(
             "{}: {}",
             runner_lost(run.slot_worker_id, task_id),
             killed_why(signal, oom_killed)
         ))),
-        ProcessEnd::NotStarted { error } => Err(Outcome::failed(format!(
+        ProcessEnd::NotStarted { error } => Err(AttemptError::Body(format!(
             "task body could not be started: {error}"
         ))),
         ProcessEnd::Exited { code } => read_outcome(run.schemas, dir, code).await,
@@ -256,7 +257,7 @@ enum Waited {
     Abandoned,
 }
 
-async fn wait(run: &mut Run<'_>, done: tokio::sync::oneshot::Receiver<ProcessEnd>) -> Waited {
+async fn wait(run: &Dispatch<'_>, done: tokio::sync::oneshot::Receiver<ProcessEnd>) -> Waited {
     let deadline = async {
         match run.deadline {
             Some(d) => tokio::time::sleep(d).await,
@@ -280,51 +281,55 @@ async fn wait(run: &mut Run<'_>, done: tokio::sync::oneshot::Receiver<ProcessEnd
     early
 }
 
-async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, String> {
+async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, AttemptError> {
     match tokio::fs::read(path).await {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("reading {} failed: {e}", clip_path(path))),
+        Err(e) => Err(AttemptError::Local(format!(
+            "reading {} failed: {e}",
+            clip_path(path)
+        ))),
     }
 }
 
-/// The body's outcome from its exit status and files: an error document wins, then the exit
+/// The body's result from its exit status and files: an error document wins, then the exit
 /// status, then the result document.
-async fn read_outcome(schemas: &Schemas, dir: &ExecutionDir, code: i32) -> Result<Value, Outcome> {
-    if let Some(bytes) = read_optional(&dir.file(files::ERROR))
-        .await
-        .map_err(Outcome::Failed)?
-    {
+async fn read_outcome(
+    schemas: &Schemas,
+    dir: &ExecutionDir,
+    code: i32,
+) -> Result<Value, AttemptError> {
+    if let Some(bytes) = read_optional(&dir.file(files::ERROR)).await? {
         return Err(error_document(&bytes));
     }
     if code != 0 {
-        return Err(Outcome::failed(format!(
+        return Err(AttemptError::Body(format!(
             "task body exited with status {code}"
         )));
     }
     let bytes = read_optional(&dir.file(files::RESULT))
-        .await
-        .map_err(Outcome::Failed)?
+        .await?
         .ok_or_else(|| {
-            Outcome::failed(
-                "task body exited with status 0 without writing a result to PERAGO_RESULT",
+            AttemptError::Body(
+                "task body exited with status 0 without writing a result to PERAGO_RESULT".into(),
             )
         })?;
-    let result: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| Outcome::failed(format!("task body wrote a result that is not JSON: {e}")))?;
-    schemas.result(&result).map_err(Outcome::Failed)?;
+    let result: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        AttemptError::Result(format!("task body wrote a result that is not JSON: {e}"))
+    })?;
+    schemas.result(&result).map_err(AttemptError::Result)?;
     Ok(result)
 }
 
-/// `{"reason": "...", "terminal": true|false}` → FAILED or FAILED_WITH_TERMINAL_ERROR.
-pub fn error_document(bytes: &[u8]) -> Outcome {
+/// `{"reason": "...", "terminal": true|false}`: the body's own failure, terminal if it says
+/// so. A document that breaks these rules fails the attempt saying how.
+pub fn error_document(bytes: &[u8]) -> AttemptError {
+    let invalid = |why: &str| AttemptError::Body(why.to_owned());
     let doc: Map<String, Value> = match serde_json::from_slice(bytes) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return Outcome::failed("task body wrote an error document that is not a JSON object");
-        }
+        Ok(_) => return invalid("task body wrote an error document that is not a JSON object"),
         Err(e) => {
-            return Outcome::failed(format!(
+            return invalid(&format!(
                 "task body wrote an error document that is not JSON: {e}"
             ));
         }
@@ -333,20 +338,26 @@ pub fn error_document(bytes: &[u8]) -> Outcome {
         .keys()
         .find(|k| !matches!(k.as_str(), "reason" | "terminal"))
     {
-        return Outcome::failed(format!(
+        return invalid(&format!(
             "task body wrote an error document with unknown field {key}"
         ));
     }
     let reason = match doc.get("reason") {
         Some(Value::String(r)) => r.clone(),
-        _ => return Outcome::failed("reason must be str"),
+        _ => return invalid("reason must be str"),
     };
     match doc.get("terminal") {
-        Some(Value::Bool(true)) => Outcome::Terminal(reason),
-        None | Some(Value::Bool(false)) => Outcome::Failed(reason),
-        Some(_) => Outcome::failed(
-            "task body wrote an error document whose terminal field is not a boolean",
-        ),
+        Some(Value::Bool(terminal)) => AttemptError::Declared {
+            reason,
+            terminal: *terminal,
+        },
+        None => AttemptError::Declared {
+            reason,
+            terminal: false,
+        },
+        Some(_) => {
+            invalid("task body wrote an error document whose terminal field is not a boolean")
+        }
     }
 }
 
@@ -390,36 +401,28 @@ mod tests {
 
     #[test]
     fn error_documents() {
+        use crate::outcome::Outcome;
+        let outcome = |bytes: &[u8]| Outcome::from(error_document(bytes));
         assert_eq!(
-            error_document(br#"{"reason":"bad","terminal":true}"#),
+            outcome(br#"{"reason":"bad","terminal":true}"#),
             Outcome::Terminal("bad".into())
         );
         assert_eq!(
-            error_document(br#"{"reason":"bad"}"#),
+            outcome(br#"{"reason":"bad"}"#),
             Outcome::Failed("bad".into())
         );
         assert_eq!(
-            error_document(br#"{"reason":1}"#),
+            outcome(br#"{"reason":1}"#),
             Outcome::failed("reason must be str")
         );
-        assert!(
-            error_document(b"nope")
-                .reason()
-                .unwrap()
-                .contains("not JSON")
-        );
-        assert!(
-            error_document(br#"{"reason":"x","extra":1}"#)
-                .reason()
-                .unwrap()
-                .contains("unknown field extra")
-        );
-        assert!(
-            error_document(br#"{"reason":"x","terminal":"yes"}"#)
-                .reason()
-                .unwrap()
-                .contains("not a boolean")
-        );
+        for (bytes, says) in [
+            (&b"nope"[..], "not JSON"),
+            (br#"{"reason":"x","extra":1}"#, "unknown field extra"),
+            (br#"{"reason":"x","terminal":"yes"}"#, "not a boolean"),
+        ] {
+            assert!(outcome(bytes).reason().unwrap().contains(says), "{says}");
+            assert_eq!(error_document(bytes).label(), "body");
+        }
     }
 
     #[test]

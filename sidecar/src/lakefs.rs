@@ -14,6 +14,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+use backon::Retryable;
+
 use crate::conductor::{encode as segment, request_error};
 use crate::outcome::clip;
 
@@ -176,6 +178,12 @@ struct Page<T> {
     results: Vec<T>,
 }
 
+/// Why one upload try failed: the local file could not be read (final), or lakeFS refused.
+enum Upload {
+    Unreadable(LakeFsError),
+    Refused(LakeFsError),
+}
+
 #[derive(Clone)]
 pub struct LakeFsClient {
     http: reqwest::Client,
@@ -263,16 +271,10 @@ impl LakeFsClient {
         reference: &str,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, LakeFsError> {
-        let mut attempt = 0u32;
-        loop {
-            match self.once(call, repository, reference, build()).await {
-                Err(e) if e.transient() && attempt < 3 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(200 * (1 << attempt))).await;
-                }
-                other => return other,
-            }
-        }
+        (|| self.once(call, repository, reference, build()))
+            .retry(crate::retry::lakefs_call())
+            .when(LakeFsError::transient)
+            .await
     }
 
     async fn json<T: serde::de::DeserializeOwned>(
@@ -430,17 +432,18 @@ impl LakeFsClient {
             segment(repository),
             segment(branch)
         );
-        let mut attempt = 0u32;
-        loop {
-            let opened = tokio::fs::File::open(file)
-                .await
-                .map_err(|e| LakeFsError::Transport {
+        // A file that cannot be read is not retried; a transient answer from lakeFS is, with
+        // the file read again from its start.
+        let sent = (|| async {
+            let opened = tokio::fs::File::open(file).await.map_err(|e| {
+                Upload::Unreadable(LakeFsError::Transport {
                     call,
                     repository: repository.to_owned(),
                     reference: quoted_ref(branch),
                     timeout: false,
                     detail: format!("reading {}: {e}", crate::outcome::clip_path(file)),
-                })?;
+                })
+            })?;
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
                 opened,
                 64 * 1024,
@@ -451,14 +454,16 @@ impl LakeFsClient {
                 // A fixed content type keeps unchanged files identical to lakeFS.
                 .header("Content-Type", "application/octet-stream")
                 .body(body);
-            match self.once(call, repository, branch, request).await {
-                Err(e) if e.transient() && attempt < 3 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(200 * (1 << attempt))).await;
-                }
-                Err(e) => return Err(e),
-                Ok(response) => return Self::json(call, repository, branch, response).await,
-            }
+            self.once(call, repository, branch, request)
+                .await
+                .map_err(Upload::Refused)
+        })
+        .retry(crate::retry::lakefs_call())
+        .when(|e| matches!(e, Upload::Refused(e) if e.transient()))
+        .await;
+        match sent {
+            Ok(response) => Self::json(call, repository, branch, response).await,
+            Err(Upload::Unreadable(e) | Upload::Refused(e)) => Err(e),
         }
     }
 

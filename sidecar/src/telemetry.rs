@@ -63,6 +63,7 @@ pub struct Metrics {
     pub results_lost: IntCounter,
     pub lease_extensions: IntCounterVec,
     pub merge_refusals: IntCounterVec,
+    pub attempt_failures: IntCounterVec,
     pub staging_branches_swept: IntCounter,
     pub hard_fence_installed: IntGaugeVec,
     runtime: RuntimeMetrics,
@@ -315,6 +316,12 @@ impl Metrics {
                 "Lease extensions by outcome (ok, error).",
                 &["outcome"],
             )?,
+            attempt_failures: counter(
+                r,
+                "perago_sidecar_attempt_failures_total",
+                "Attempts that did not complete, by the failure table's row (input, download, pre_guardrail, body, body_error, result, post_guardrail, attempt_fence, publish_fence, stage, head_check, merge, merge_uncertain, local, task, no_slot).",
+                &["reason"],
+            )?,
             merge_refusals: counter(
                 r,
                 "perago_sidecar_merge_refusals_total",
@@ -365,6 +372,15 @@ impl Metrics {
         self.phase_seconds
             .with_label_values(&[phase])
             .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Time a phase until the returned guard is dropped, on every path out of it.
+    pub fn time_phase(&self, phase: &'static str) -> PhaseTimer<'_> {
+        PhaseTimer {
+            metrics: self,
+            phase,
+            started: std::time::Instant::now(),
+        }
     }
 
     pub fn record_attempt_seconds(&self, seconds: f64) {
@@ -465,6 +481,19 @@ impl Metrics {
             AppFamily::Gauge(g) => g.with_label_values(&all).set(sample.value),
         }
         true
+    }
+}
+
+/// Observes its phase's duration in `perago_sidecar_phase_duration_seconds` when dropped.
+pub struct PhaseTimer<'a> {
+    metrics: &'a Metrics,
+    phase: &'static str,
+    started: std::time::Instant,
+}
+
+impl Drop for PhaseTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.observe_phase(self.phase, self.started);
     }
 }
 

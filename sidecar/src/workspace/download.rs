@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
@@ -194,7 +195,7 @@ enum FetchError {
 }
 
 /// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
-/// with backoff) from the start.
+/// with the retry policy's backoff) from the start.
 async fn fetch(
     client: &LakeFsClient,
     repository: &str,
@@ -203,22 +204,24 @@ async fn fetch(
     target: &PathBuf,
     timeout: Duration,
 ) -> Result<u64, String> {
+    let mut delays = crate::retry::lakefs_call().build();
     let mut retries = 0u32;
     loop {
         match fetch_once(client, repository, reference, entry, target, timeout).await {
             Ok(written) => return Ok(written),
-            Err(FetchError::Interrupted(reason)) if retries < 3 => {
+            Err(FetchError::Interrupted(reason)) => {
+                let Some(delay) = delays.next() else {
+                    return Err(reason);
+                };
                 retries += 1;
                 tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %reason,
                     "the download of an object broke off; fetching it again");
                 if let Err(e) = tokio::fs::remove_file(target).await {
                     return Err(format!("removing {} failed: {e}", clip_path(target)));
                 }
-                tokio::time::sleep(Duration::from_millis(100 << retries)).await;
+                tokio::time::sleep(delay).await;
             }
-            Err(FetchError::Interrupted(reason) | FetchError::Failed(reason)) => {
-                return Err(reason);
-            }
+            Err(FetchError::Failed(reason)) => return Err(reason),
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The workspace transaction's building blocks: the workspace reference of the input and
 //! output, the download (projection of a lakeFS commit), guardrails and change detection.
 
-pub mod attempt;
 pub mod branch_pattern;
 pub mod download;
 pub mod guardrails;
@@ -11,3 +10,29 @@ pub mod input;
 pub mod janitor;
 pub mod publish;
 pub mod snapshot;
+
+use std::sync::Arc;
+
+use perago_api::contract::ContractWorkspace;
+
+use crate::lakefs::LakeFsClient;
+
+/// What a workspace task needs at run time, built once at start-up.
+pub struct WorkspaceRuntime {
+    pub spec: ContractWorkspace,
+    pub lakefs: LakeFsClient,
+    pub limits: TransferLimits,
+    /// Writable tasks with the sweep on: told each repository an attempt writes to.
+    pub staging_sweep: Option<Arc<janitor::StagingSweep>>,
+    /// Writable tasks: told each target branch an attempt publishes to.
+    pub hard_fence: Option<Arc<hard_fence::HardFenceWatch>>,
+}
+
+/// Limits of the lakeFS transfers of an attempt.
+pub struct TransferLimits {
+    /// Testing only: the crash point to exit at (see `PERAGO_FAULT`).
+    pub fault: Option<crate::config::FaultPoint>,
+    pub parallelism: usize,
+    pub object_timeout: std::time::Duration,
+    pub merge_timeout: std::time::Duration,
+}

@@ -1,0 +1,583 @@
+//! One attempt, in the seeds' order: [`Attempt::run`] and [`Attempt::transaction`] are the
+//! whole of it, and each step is a short method below them.
+//!
+//! accept input → execution directory → download → pre guardrails → snapshot → body →
+//! result → post guardrails → (read-only exit) → change detection → attempt fence → publish
+//! fence → (no-op exit) → stage → attempt fence → head check → merge; then, whatever
+//! happened, the staging branch and the execution directory are removed. The broker reports
+//! the outcome and only then sweeps the staging branches earlier attempts of the step left
+//! behind, so the sweep never delays COMPLETED.
+//!
+//! The publish fence runs before staging, so that the try is staged on the base the merge
+//! will use (ADR 0004). Read-only tasks stop after the post guardrails and complete with the
+//! input ref; a writable attempt that changed nothing completes with the input ref when the
+//! head is still the input ref, and never makes an empty commit.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::attempt::AttemptSnapshot;
+use crate::broker::{Broker, TaskRuntime};
+use crate::config::FaultPoint;
+use crate::execution::{self, Dispatch, ExecutionDir};
+use crate::failure::AttemptError;
+use crate::input;
+use crate::lakefs::LakeFsError;
+use crate::protocol::files;
+use crate::runner::Lease;
+use crate::workspace::input::WorkspaceRef;
+use crate::workspace::publish::{self, PublishBase};
+use crate::workspace::snapshot::Snapshot;
+use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
+
+/// What a completed attempt reports, and the sweep that follows the report.
+pub struct Completion {
+    pub output: Map<String, Value>,
+    pub sweep: Option<Sweep>,
+}
+
+/// Staging branches of earlier attempts of the step to remove after the report: every
+/// writable completion has shown, through the attempt fence, that this attempt is the current
+/// one, so the earlier ones are over.
+pub struct Sweep {
+    pub repository: String,
+    /// This attempt's own staging branch, which cleanup has already deleted.
+    pub ours: Option<String>,
+}
+
+/// The accepted input of an attempt.
+enum Accepted<'a> {
+    WorkspaceFree {
+        params: Value,
+    },
+    Workspace {
+        params: Value,
+        ws: WorkspaceRef,
+        runtime: &'a WorkspaceRuntime,
+    },
+}
+
+/// The try commit on the staging branch.
+struct Staged {
+    branch: String,
+    commit: String,
+    try_metadata: std::collections::BTreeMap<String, String>,
+}
+
+pub struct Attempt<'a> {
+    pub broker: &'a Broker,
+    pub snapshot: &'a AttemptSnapshot,
+    pub execution_id: &'a str,
+    pub lease: Lease,
+    /// Turns true when the sidecar gives up on in-flight work (shutdown grace over).
+    pub abandon: watch::Receiver<bool>,
+}
+
+impl Attempt<'_> {
+    /// The attempt: accept the input, run the transaction in a fresh execution directory,
+    /// then remove the staging branch and the directory whatever happened.
+    pub async fn run(&self) -> Result<Completion, AttemptError> {
+        let accepted = self.accept_input()?;
+        let dir = self.execution_directory()?;
+        let target = match &accepted {
+            Accepted::Workspace { ws, runtime, .. } => Some((ws.clone(), *runtime)),
+            Accepted::WorkspaceFree { .. } => None,
+        };
+        let mut staging = None;
+        let completion = self.transaction(&dir, accepted, &mut staging).await;
+        if let (Some((ws, runtime)), Some(branch)) = (&target, &staging) {
+            remove_staging_branch(runtime, &ws.repository, branch).await;
+        }
+        dir.remove().await;
+        if let Some((ws, runtime)) = &target {
+            if let Some(sweep) = &runtime.staging_sweep {
+                sweep.note(&ws.repository);
+            }
+            if let Some(watch) = &runtime.hard_fence {
+                watch.note(&ws.repository, &ws.branch);
+            }
+        }
+        completion
+    }
+
+    async fn transaction(
+        &self,
+        dir: &ExecutionDir,
+        accepted: Accepted<'_>,
+        staging: &mut Option<String>,
+    ) -> Result<Completion, AttemptError> {
+        let (params, ws, rt) = match accepted {
+            Accepted::WorkspaceFree { params } => {
+                let result = self.body(dir, &params, None).await?;
+                return Ok(completion(None, result, None));
+            }
+            Accepted::Workspace {
+                params,
+                ws,
+                runtime,
+            } => (params, ws, runtime),
+        };
+        let root = self.download(rt, dir, &ws).await?;
+        self.guardrails(rt, Phase::Pre, &root).await?;
+        let before = if rt.spec.read_only {
+            None
+        } else {
+            Some(self.take_snapshot(&root).await?)
+        };
+        let result = self.body(dir, &params, Some(&root)).await?;
+        self.guardrails(rt, Phase::Post, &root).await?;
+        crash_point(rt, FaultPoint::ExitAfterBody);
+        let Some(before) = before else {
+            return Ok(completion(Some(&ws), result, None));
+        };
+        let after = self.take_snapshot(&root).await?;
+        let changed = after != before;
+        let base = self.fences(rt, &ws, changed).await?;
+        let sweep = |ours| {
+            Some(Sweep {
+                repository: ws.repository.clone(),
+                ours,
+            })
+        };
+        if !changed && base.supersedes.is_none() {
+            info!(
+                phase = "publish",
+                "workspace unchanged; completing with the input ref"
+            );
+            return Ok(completion(Some(&ws), result, sweep(None)));
+        }
+        let _publishing = self.metrics().time_phase("publish");
+        let staged = self.stage(rt, &ws, &root, &after, &base, staging).await;
+        let Some(staged) = staged? else {
+            // The base (an earlier publication of this step) already holds exactly this
+            // workspace: nothing to stage, nothing to merge.
+            info!(phase = "publish", base = %base.base, "the base already holds this workspace");
+            return Ok(completion(Some(&ws.at(&base.base)), result, sweep(None)));
+        };
+        crash_point(rt, FaultPoint::ExitAfterStage);
+        self.attempt_fence().await?;
+        let merging = Instant::now();
+        self.head_check(rt, &ws, &base).await?;
+        pause_point(rt, &self.broker.work_dir).await;
+        let merged = self.merge(rt, &ws, &base, &staged).await;
+        self.metrics()
+            .record_workspace_io("publish", merging.elapsed().as_secs_f64(), None);
+        let reference = merged?;
+        crash_point(rt, FaultPoint::ExitAfterMerge);
+        info!(phase = "publish", reference = %reference, supersedes = base.supersedes.as_deref().unwrap_or(""), "workspace published");
+        Ok(completion(
+            Some(&ws.at(&reference)),
+            result,
+            sweep(Some(staged.branch)),
+        ))
+    }
+
+    fn metrics(&self) -> &crate::telemetry::Metrics {
+        &self.broker.metrics
+    }
+
+    /// The top-level keys, the workspace object and the params.
+    fn accept_input(&self) -> Result<Accepted<'_>, AttemptError> {
+        let _timer = self.metrics().time_phase("input");
+        let contract = &self.broker.contract;
+        let accepted = input::accept(contract, &self.snapshot.input_data).and_then(|accepted| {
+            let params = self
+                .broker
+                .schemas
+                .params(accepted.params, contract.strict_params);
+            Ok(match &self.broker.runtime {
+                TaskRuntime::WorkspaceFree => Accepted::WorkspaceFree { params: params? },
+                TaskRuntime::Workspace(runtime) => {
+                    // `input::accept` refuses a workspace task's input without `workspace`.
+                    let ws = WorkspaceRef::parse(&accepted.workspace.unwrap_or_default())?;
+                    Accepted::Workspace {
+                        params: params?,
+                        ws,
+                        runtime,
+                    }
+                }
+            })
+        });
+        accepted.map_err(|reason| {
+            info!(phase = "input", reason = %reason, "input refused");
+            AttemptError::Input(reason)
+        })
+    }
+
+    fn execution_directory(&self) -> Result<ExecutionDir, AttemptError> {
+        ExecutionDir::create(
+            &self.broker.work_dir,
+            self.snapshot,
+            self.execution_id,
+            &self.slot_worker_id(),
+        )
+        .map_err(|e| AttemptError::Local(format!("preparing the execution directory failed: {e}")))
+    }
+
+    fn slot_worker_id(&self) -> String {
+        format!("{}-{:04}", self.broker.settings.worker_id, self.lease.slot)
+    }
+
+    /// Project the input ref into `<dir>/workspace`.
+    async fn download(
+        &self,
+        rt: &WorkspaceRuntime,
+        dir: &ExecutionDir,
+        ws: &WorkspaceRef,
+    ) -> Result<PathBuf, AttemptError> {
+        let root = dir.file(files::WORKSPACE);
+        tokio::fs::create_dir(&root).await.map_err(|e| {
+            AttemptError::Local(format!(
+                "creating {} failed: {e}",
+                crate::outcome::clip_path(&root)
+            ))
+        })?;
+        let _timer = self.metrics().time_phase("download");
+        let started = Instant::now();
+        let downloaded = download::download(
+            &rt.lakefs,
+            &ws.repository,
+            &ws.reference,
+            &rt.spec.prefix,
+            &root,
+            rt.limits.parallelism,
+            rt.limits.object_timeout,
+        )
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        let manifest = downloaded.map_err(|e| {
+            self.metrics()
+                .record_workspace_io("download", seconds, None);
+            AttemptError::Download(e)
+        })?;
+        self.metrics()
+            .record_workspace_io("download", seconds, Some(manifest.bytes()));
+        info!(
+            phase = "download",
+            objects = manifest.objects.len(),
+            bytes = manifest.bytes(),
+            seconds,
+            "workspace downloaded"
+        );
+        Ok(root)
+    }
+
+    /// One phase's guardrails, off the async runtime (they walk the whole tree).
+    async fn guardrails(
+        &self,
+        rt: &WorkspaceRuntime,
+        phase: Phase,
+        root: &Path,
+    ) -> Result<(), AttemptError> {
+        let (name, list, error): (_, _, fn(String) -> AttemptError) = match phase {
+            Phase::Pre => ("pre", &rt.spec.pre, AttemptError::PreGuardrail),
+            Phase::Post => ("post", &rt.spec.post, AttemptError::PostGuardrail),
+        };
+        if list.is_empty() {
+            return Ok(());
+        }
+        let (list, root) = (list.clone(), root.to_owned());
+        tokio::task::spawn_blocking(move || guardrails::check(name, &list, &root))
+            .await
+            .map_err(|e| format!("{name} guardrails stopped: {e}"))
+            .and_then(|checked| checked)
+            .map_err(error)
+    }
+
+    /// The workspace's files and their checksums (change detection).
+    async fn take_snapshot(&self, root: &Path) -> Result<Snapshot, AttemptError> {
+        let root = root.to_owned();
+        tokio::task::spawn_blocking(move || snapshot::take(&root))
+            .await
+            .map_err(|e| AttemptError::Local(format!("a workspace scan stopped: {e}")))?
+            .map_err(|e| AttemptError::Local(format!("reading the workspace failed: {e}")))
+    }
+
+    /// Run the body once on the validated params and read its result.
+    async fn body(
+        &self,
+        dir: &ExecutionDir,
+        params: &Value,
+        workspace: Option<&Path>,
+    ) -> Result<Value, AttemptError> {
+        let contract = &self.broker.contract;
+        let slot_worker_id = self.slot_worker_id();
+        let run = Dispatch {
+            hub: &self.broker.hub,
+            metrics: &self.broker.metrics,
+            schemas: &self.broker.schemas,
+            lease: self.lease,
+            execution_id: self.execution_id,
+            slot_worker_id: &slot_worker_id,
+            task_name: &contract.task_name,
+            deadline: u64::try_from(contract.timeout_seconds)
+                .ok()
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs),
+            abandon: self.abandon.clone(),
+        };
+        execution::run_body(&run, self.snapshot, dir, params, workspace).await
+    }
+
+    /// Attempt fence, then publish fence: the attempt must still be Conductor's current one,
+    /// and the target's history since the input ref must be explainable. Nothing to publish
+    /// from a moved branch is the reference's no-op refusal, naming the head.
+    async fn fences(
+        &self,
+        rt: &WorkspaceRuntime,
+        ws: &WorkspaceRef,
+        changed: bool,
+    ) -> Result<PublishBase, AttemptError> {
+        let _timer = self.metrics().time_phase("fence");
+        self.attempt_fence().await?;
+        let lakefs = &rt.lakefs;
+        match publish::publish_fence(lakefs, ws, &self.snapshot.logical_task_key()).await {
+            Ok(base) => Ok(base),
+            Err(reason) if !changed => match lakefs.branch_head(&ws.repository, &ws.branch).await {
+                Ok(head) => Err(AttemptError::NoOpMoved {
+                    branch: ws.branch.clone(),
+                    input: ws.reference.clone(),
+                    head,
+                }),
+                Err(_) => Err(AttemptError::PublishFence(reason)),
+            },
+            Err(reason) => Err(AttemptError::PublishFence(reason)),
+        }
+    }
+
+    /// The attempt fence: a fresh read of the task must show it still ours and running.
+    /// Stricter than the seeds by the worker id and poll count (Conductor can lease one task
+    /// id twice).
+    async fn attempt_fence(&self) -> Result<(), AttemptError> {
+        let polled = self.snapshot;
+        let unreadable = |cause: String| AttemptError::FenceUnreadable {
+            task_id: polled.task_id.clone(),
+            cause,
+        };
+        let fresh = self
+            .broker
+            .conductor
+            .task(&polled.task_id)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        let fresh = AttemptSnapshot::from_task(&fresh).map_err(|e| unreadable(e.to_string()))?;
+        let same = fresh.status == "IN_PROGRESS"
+            && fresh.workflow_instance_id == polled.workflow_instance_id
+            && fresh.task_id == polled.task_id
+            && fresh.retry_count == polled.retry_count
+            && fresh.worker_id.as_deref() == Some(self.broker.settings.worker_id.as_str())
+            && (polled.poll_count.is_none() || fresh.poll_count == polled.poll_count);
+        if same {
+            Ok(())
+        } else {
+            info!(phase = "fence", status = %fresh.status, "stale attempt");
+            Err(AttemptError::Stale {
+                task_id: polled.task_id.clone(),
+            })
+        }
+    }
+
+    /// Mirror the workspace onto a staging branch made from the base and commit the try.
+    /// `None` when the base already holds exactly this workspace. `staging` learns the
+    /// branch as soon as it exists, so that cleanup removes it whatever follows.
+    async fn stage(
+        &self,
+        rt: &WorkspaceRuntime,
+        ws: &WorkspaceRef,
+        root: &Path,
+        workspace: &Snapshot,
+        base: &PublishBase,
+        staging: &mut Option<String>,
+    ) -> Result<Option<Staged>, AttemptError> {
+        let lakefs = &rt.lakefs;
+        let prefix = rt.spec.prefix.as_str();
+        let started = Instant::now();
+        let base_objects = publish::base_objects(lakefs, &ws.repository, &base.base, prefix)
+            .await
+            .map_err(AttemptError::Stage)?;
+        let plan = publish::plan(workspace, &base_objects, prefix).map_err(AttemptError::Stage)?;
+        if plan.uploads.is_empty() && plan.deletes.is_empty() {
+            return Ok(None);
+        }
+        let branch = publish::staging_branch(self.snapshot, self.execution_id);
+        lakefs
+            .create_branch(&ws.repository, &branch, &base.base)
+            .await
+            .map_err(|e| AttemptError::Stage(e.to_string()))?;
+        *staging = Some(branch.clone());
+        let applied = publish::apply(
+            lakefs,
+            &ws.repository,
+            &branch,
+            &plan,
+            root,
+            rt.limits.parallelism,
+            rt.limits.object_timeout,
+        )
+        .await;
+        if let Err(e) = applied {
+            self.metrics()
+                .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
+            return Err(AttemptError::Stage(e));
+        }
+        let try_metadata = publish::try_metadata(self.snapshot, ws, prefix);
+        let commit = lakefs
+            .commit(&ws.repository, &branch, "perago try", &try_metadata)
+            .await
+            .map_err(|e| AttemptError::Stage(e.to_string()))?
+            .id;
+        let total: u64 = workspace.iter().map(|i| i.size).sum();
+        self.metrics()
+            .record_workspace_io("upload", started.elapsed().as_secs_f64(), Some(total));
+        info!(
+            phase = "stage",
+            staging_branch = %branch,
+            staging_commit = %commit,
+            uploads = plan.uploads.len(),
+            deletes = plan.deletes.len(),
+            upload_bytes = plan.upload_bytes,
+            "workspace staged"
+        );
+        Ok(Some(Staged {
+            branch,
+            commit,
+            try_metadata,
+        }))
+    }
+
+    /// The target head must still be the base the publish fence chose.
+    async fn head_check(
+        &self,
+        rt: &WorkspaceRuntime,
+        ws: &WorkspaceRef,
+        base: &PublishBase,
+    ) -> Result<(), AttemptError> {
+        let head = rt
+            .lakefs
+            .branch_head(&ws.repository, &ws.branch)
+            .await
+            .map_err(AttemptError::HeadUnreadable)?;
+        if head == base.base {
+            Ok(())
+        } else {
+            Err(AttemptError::HeadMoved {
+                branch: ws.branch.clone(),
+                input: ws.reference.clone(),
+                head,
+            })
+        }
+    }
+
+    /// Squash-merge the try into the target with the confirm metadata. A merge lakeFS refused
+    /// without merging is tried again while the merge budget lasts; any other failure ends
+    /// the attempt, and an uncertain one is left to the next attempt's publish fence.
+    async fn merge(
+        &self,
+        rt: &WorkspaceRuntime,
+        ws: &WorkspaceRef,
+        base: &PublishBase,
+        staged: &Staged,
+    ) -> Result<String, AttemptError> {
+        let lakefs = &rt.lakefs;
+        let confirm =
+            publish::confirm_metadata(&staged.try_metadata, &staged.branch, &staged.commit, base);
+        let deadline = Instant::now() + rt.limits.merge_timeout;
+        let mut pauses = crate::retry::merge_refusals();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let merged = lakefs
+                .squash_merge(
+                    &ws.repository,
+                    &staged.branch,
+                    &ws.branch,
+                    &confirm,
+                    left.max(Duration::from_secs(1)),
+                )
+                .await;
+            let pause = pauses.next().unwrap_or(Duration::from_secs(2));
+            match merged.as_ref().err().and_then(LakeFsError::merge_refused) {
+                Some(status) if Instant::now() + pause < deadline => {
+                    self.metrics()
+                        .merge_refusals
+                        .with_label_values(&[status.as_str()])
+                        .inc();
+                    warn!(
+                        phase = "publish",
+                        status = status.as_u16(),
+                        retry_in_ms = pause.as_millis() as u64,
+                        "lakeFS refused the merge without merging; trying again within the merge budget"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
+                _ => {
+                    let error = match merged {
+                        Ok(reference) => return Ok(reference),
+                        Err(e) => AttemptError::Merge(e),
+                    };
+                    if error.merge_uncertain() {
+                        warn!(phase = "publish", error = %error, staging_commit = %staged.commit,
+                            "the merge outcome is uncertain; the next attempt's publish fence classifies the branch");
+                    }
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
+
+/// Cleanup (the seeds' Cancel): a failure is logged and never changes the outcome.
+async fn remove_staging_branch(rt: &WorkspaceRuntime, repository: &str, branch: &str) {
+    if let Err(e) = rt.lakefs.delete_branch(repository, branch).await {
+        warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace");
+    }
+}
+
+/// Testing only: exit at once if this crash point was asked for (`PERAGO_FAULT`).
+fn crash_point(rt: &WorkspaceRuntime, point: FaultPoint) {
+    if rt.limits.fault == Some(point) {
+        tracing::error!(point = ?point, "fault injected: exiting without cleanup or report");
+        std::process::exit(86);
+    }
+}
+
+/// Testing only: hold until the marker file is removed (the window between the fence and the
+/// merge).
+async fn pause_point(rt: &WorkspaceRuntime, work_dir: &Path) {
+    if rt.limits.fault != Some(FaultPoint::PauseBeforeMerge) {
+        return;
+    }
+    let marker = work_dir.join("paused-before-merge");
+    if std::fs::write(&marker, b"").is_err() {
+        return;
+    }
+    warn!(
+        point = "pause-before-merge",
+        "fault injected: holding until {} is removed",
+        marker.display()
+    );
+    for _ in 0..1200 {
+        if !marker.exists() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Pre,
+    Post,
+}
+
+fn completion(ws: Option<&WorkspaceRef>, result: Value, sweep: Option<Sweep>) -> Completion {
+    let mut output = Map::new();
+    if let Some(ws) = ws {
+        output.insert("workspace".into(), ws.to_value());
+    }
+    output.insert("result".into(), result);
+    Completion { output, sweep }
+}
