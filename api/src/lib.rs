@@ -9,6 +9,7 @@ pub mod paths;
 pub mod schema;
 pub mod task;
 pub mod taskdef;
+pub mod url;
 pub mod validate;
 
 pub use credentials::ConductorCredentials;

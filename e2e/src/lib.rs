@@ -62,3 +62,29 @@ pub fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {
 pub fn yaml_document(text: &str, kind: &str) -> Option<serde_yaml::Value> {
     yaml_documents(text).into_iter().find(|d| d["kind"] == kind)
 }
+
+/// Apply a CustomResourceDefinition server-side and wait (at most 30 s) until the apiserver
+/// has it Established.
+pub async fn apply_crd(
+    client: &kube::Client,
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    manager: &str,
+) -> anyhow::Result<()> {
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::runtime::wait::{await_condition, conditions};
+    let crds: Api<_> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the CRD {name} was not Established within 30 s"))??;
+    Ok(())
+}

@@ -205,39 +205,15 @@ async fn rendered_chart_objects_pass_the_apiserver() {
 async fn install_monitoring_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let dir = obtain("monitoring-crds").unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for file in [
         "monitoring.coreos.com_servicemonitors.yaml",
         "monitoring.coreos.com_podmonitors.yaml",
     ] {
         let crd: CustomResourceDefinition =
             serde_yaml::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
-        let name = crd.metadata.name.clone().unwrap();
-        crds.patch(
-            &name,
-            &PatchParams::apply("perago-test").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
-        let started = std::time::Instant::now();
-        loop {
-            let live = crds.get(&name).await.unwrap();
-            let established = live
-                .status
-                .and_then(|s| s.conditions)
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(30),
-                "{name} not Established in 30 s"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
+        perago_e2e::apply_crd(client, &crd, "perago-test")
+            .await
+            .unwrap();
     }
     // Discovery caches may lag the new groups by a moment.
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -30,30 +29,11 @@ fn repo_file(path: &str) -> String {
 }
 
 async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd: CustomResourceDefinition =
         serde_yaml::from_str(&repo_file("crds/peragotasks.perago.io.yaml")).unwrap();
-    crds.patch(
-        "peragotasks.perago.io",
-        &PatchParams::apply("perago-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap();
-    for _ in 0..100 {
-        let current = crds.get("peragotasks.perago.io").await.unwrap();
-        let established = current
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the PeragoTask CRD never became Established");
+    perago_e2e::apply_crd(client, &crd, "perago-e2e")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

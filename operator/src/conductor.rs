@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 pub use perago_api::ConductorCredentials as Credentials;
+use perago_api::url::path_segment as segment;
 
 /// Calls take the Conductor base URL (with `/api`): a PeragoTask may name its own Conductor.
 pub struct MetadataClient {
@@ -307,18 +308,6 @@ async fn exchange(
         .await
         .map_err(|e| perago_api::error_chain(&e))?;
     Ok((status, text))
-}
-
-fn segment(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

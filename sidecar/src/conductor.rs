@@ -9,6 +9,8 @@ use reqwest::StatusCode;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 use thiserror::Error;
+
+use perago_api::url::path_segment;
 use tokio::sync::Mutex;
 
 #[derive(Debug, Error)]
@@ -155,7 +157,7 @@ impl ConductorClient {
 
     /// `GET /metadata/taskdefs/{name}`; `None` when it does not exist.
     pub async fn task_def(&self, name: &str) -> Result<Option<Value>, ConductorError> {
-        let url = format!("{}/metadata/taskdefs/{}", self.base, encode(name));
+        let url = format!("{}/metadata/taskdefs/{}", self.base, path_segment(name));
         match self
             .send("get TaskDef", self.request_timeout, |h| h.get(&url))
             .await
@@ -176,7 +178,7 @@ impl ConductorClient {
     ) -> Result<Vec<Value>, ConductorError> {
         let call = "batch poll";
         let wait_ms = wait.as_millis().min(5000);
-        let url = format!("{}/tasks/poll/batch/{}", self.base, encode(task_type));
+        let url = format!("{}/tasks/poll/batch/{}", self.base, path_segment(task_type));
         let count = count.to_string();
         let wait_text = wait_ms.to_string();
         let answer = self
@@ -194,7 +196,7 @@ impl ConductorClient {
     /// `GET /tasks/{taskId}`.
     pub async fn task(&self, task_id: &str) -> Result<Value, ConductorError> {
         let call = "get task";
-        let url = format!("{}/tasks/{}", self.base, encode(task_id));
+        let url = format!("{}/tasks/{}", self.base, path_segment(task_id));
         self.send(call, self.request_timeout, |h| h.get(&url))
             .await?
             .ok_or_else(|| ConductorError::Decode {
@@ -207,7 +209,7 @@ impl ConductorClient {
     /// scheduled, retries included, in Conductor's order.
     pub async fn workflow(&self, workflow_id: &str) -> Result<Workflow, ConductorError> {
         let call = "get workflow";
-        let url = format!("{}/workflow/{}", self.base, encode(workflow_id));
+        let url = format!("{}/workflow/{}", self.base, path_segment(workflow_id));
         let answer = self
             .send(call, self.request_timeout, |h| {
                 h.get(&url).query(&[("includeTasks", "true")])
@@ -383,19 +385,6 @@ pub(crate) fn request_error(e: reqwest::Error) -> String {
     perago_api::error_chain(&e.without_url())
 }
 
-/// Percent-encode one path segment.
-pub(crate) fn encode(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,11 +437,5 @@ mod tests {
         assert_eq!((t.worker_id.as_str(), t.end_time), ("", 0));
         assert!(t.output_data.is_empty() && t.input_data.contains_key("workspace"));
         assert!(Workflow::deserialize(json!({"tasks": "no"})).is_err());
-    }
-
-    #[test]
-    fn path_segments_are_encoded() {
-        assert_eq!(encode("features.build"), "features.build");
-        assert_eq!(encode("a/b c"), "a%2Fb%20c");
     }
 }

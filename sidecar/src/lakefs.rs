@@ -16,7 +16,9 @@ use thiserror::Error;
 
 use backon::Retryable;
 
-use crate::conductor::{encode as segment, request_error};
+use perago_api::url::path_segment as segment;
+
+use crate::conductor::request_error;
 use crate::outcome::clip;
 
 /// Longest ref (commit id or branch name) an error quotes in full; a commit id (64
