@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};

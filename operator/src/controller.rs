@@ -294,13 +294,14 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         return Err(conductor_unavailable(&api, &task, ctx, &old, e).await);
     }
 
-    // The work: queued in Conductor and running in the task's pods.
-    let queued = match scaling::queued(ctx, &base, name).await {
+    // The work: running in the task's pods, and queued in Conductor (read after the pods, so
+    // that a task a pod has just taken is not counted twice).
+    let pods = scaling::busy_pods(ctx, &task, &ns, &selector).await?;
+    let running: i64 = pods.iter().map(|p| p.busy).sum();
+    let queued = match scaling::queued(ctx, &base, name, running).await {
         Ok(queued) => queued,
         Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
     };
-    let pods = scaling::busy_pods(ctx, &task, &ns, &selector).await?;
-    let running: i64 = pods.iter().map(|p| p.busy).sum();
 
     // Replicas: the spec's (which an HPA or KEDA may drive through /scale), or ours.
     let mut replicas = task.spec.executor.replicas;

@@ -191,12 +191,18 @@ impl QueueWatch {
     }
 }
 
-/// Scheduled tasks of the task type: from the queue watch when it read them lately, else from
-/// Conductor.
-pub async fn queued(ctx: &Context, base: &str, task_type: &str) -> Result<i64, MetadataError> {
+/// Scheduled tasks of the task type: from the queue watch when it read them lately and no
+/// attempt runs, else from Conductor. With attempts running, a read up to two periods old may
+/// still count a task a pod has since taken, which the running count then counts again.
+pub async fn queued(
+    ctx: &Context,
+    base: &str,
+    task_type: &str,
+    running: i64,
+) -> Result<i64, MetadataError> {
     match ctx.queues.fresh(base, task_type) {
-        Some(size) => Ok(size),
-        None => ctx.conductor.queue_depth(base, task_type).await,
+        Some(size) if running == 0 || size == 0 => Ok(size),
+        _ => ctx.conductor.queue_depth(base, task_type).await,
     }
 }
 

@@ -101,7 +101,9 @@ async fn queued_work_scales_a_task_up_from_zero_without_waiting_for_its_resync()
     })
     .await;
     let decision = status.last_scale.expect("status.lastScale");
-    assert_eq!((decision.from, decision.to), (0, 3));
+    // One decision from zero, or (when a queue read saw only some of the three) the last of
+    // a few; the one standing is the one for all three.
+    assert!(decision.to == 3 && decision.from < 3, "{decision:?}");
     assert_eq!(decision.reason, "3 queued + 0 running at 1 per pod: 3 pods");
     assert_eq!(status.running_attempts, Some(0));
 
