@@ -43,7 +43,7 @@ docs:
 RELEASE_TARGET := x86_64-unknown-linux-musl
 OUT ?= target/release-binaries
 release-binaries:
-	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-kubectl --bins
+	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-runner -p perago-kubectl --bins
 	mkdir -p $(OUT)
 	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
 

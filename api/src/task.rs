@@ -15,6 +15,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+pub use perago_contract::spec::{
+    ApplicationMetric, ApplicationMetricKind, Guardrail, GuardrailKind, MetricSpec, PublishBudget,
+};
+
 /// API group of every Perago resource.
 pub const GROUP: &str = "perago.io";
 /// The one served and stored version.
@@ -176,98 +180,6 @@ impl Default for WorkspaceSpec {
     }
 }
 
-/// One check of the workspace's file shape.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Guardrail {
-    pub kind: GuardrailKind,
-    /// Path (requireFile, requireDir) or glob pattern (requireGlob, forbidGlob), relative to the
-    /// workspace root.
-    pub path: String,
-    /// requireGlob only: fewest matches allowed (default 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub min_count: Option<i64>,
-    /// requireGlob only: most matches allowed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
-    pub max_count: Option<i64>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum GuardrailKind {
-    RequireFile,
-    RequireDir,
-    RequireGlob,
-    ForbidGlob,
-}
-
-impl GuardrailKind {
-    /// The name used in guardrail messages, as Python Perago spells it.
-    pub fn message_name(self) -> &'static str {
-        match self {
-            Self::RequireFile => "require_file",
-            Self::RequireDir => "require_dir",
-            Self::RequireGlob => "require_glob",
-            Self::ForbidGlob => "forbid_glob",
-        }
-    }
-}
-
-/// Metrics the sidecar exports for this task.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct MetricSpec {
-    /// `task_attempt_duration_seconds`.
-    #[serde(default = "default_true")]
-    pub attempts: bool,
-    /// `workspace_io_duration_seconds` and `workspace_io_bytes` (workspace tasks only).
-    #[serde(default = "default_true")]
-    pub workspace_io: bool,
-    /// `busy_slots`.
-    #[serde(default = "default_true")]
-    pub worker_capacity: bool,
-    /// Application metrics the body may record; anything else it records is refused.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
-    pub application: Vec<ApplicationMetric>,
-}
-
-impl Default for MetricSpec {
-    fn default() -> Self {
-        Self {
-            attempts: true,
-            workspace_io: true,
-            worker_capacity: true,
-            application: Vec::new(),
-        }
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ApplicationMetric {
-    /// Name without the `app_` prefix the sidecar adds.
-    pub name: String,
-    pub kind: ApplicationMetricKind,
-    /// Label keys the body may set.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
-    pub labels: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ApplicationMetricKind {
-    Histogram,
-    Gauge,
-    /// A histogram of durations in seconds.
-    Timer,
-}
-
 /// Conductor and lakeFS behaviour controls.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -390,39 +302,6 @@ pub struct ExecutionLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub rate_limit_per_frequency: Option<i64>,
-}
-
-/// Time budget of one publication; all six fields are required.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PublishBudget {
-    #[schemars(range(min = 0))]
-    pub observed_merge_p99_seconds: i64,
-    #[schemars(range(min = 0))]
-    pub safety_margin_seconds: i64,
-    /// Per-request timeout of the lakeFS merge.
-    #[schemars(range(min = 1))]
-    pub lakefs_merge_timeout_seconds: i64,
-    /// Per-request timeout of the Conductor result update.
-    #[schemars(range(min = 1))]
-    pub conductor_completion_timeout_seconds: i64,
-    /// Drain time a stopping pod gives its running attempts (the sidecar's shutdown grace);
-    /// the pod's `terminationGracePeriodSeconds` is 15 s more, for the last report.
-    #[schemars(range(min = 1))]
-    pub worker_shutdown_grace_seconds: i64,
-    /// Upper bound of the lease-extension interval.
-    #[schemars(range(min = 1))]
-    pub heartbeat_interval_seconds: i64,
-}
-
-impl PublishBudget {
-    /// The response timeout the budget needs: merge + completion + shutdown grace + heartbeat.
-    pub fn response_timeout_seconds(&self) -> i64 {
-        self.lakefs_merge_timeout_seconds
-            + self.conductor_completion_timeout_seconds
-            + self.worker_shutdown_grace_seconds
-            + self.heartbeat_interval_seconds
-    }
 }
 
 /// The executor Deployment.

@@ -38,14 +38,7 @@ impl std::error::Error for FieldError {}
 /// The warning printed once per check for a read-only task that declares a publish budget.
 pub const READ_ONLY_BUDGET_WARNING: &str = "WorkspaceSpec(read_only=True) disables workspace publication; TaskControls.publish_budget is ignored.";
 
-/// Application metric label keys the runtime sets itself.
-pub const RESERVED_METRIC_LABELS: [&str; 5] = [
-    "task_name",
-    "task_id",
-    "workflow_instance_id",
-    "execution_id",
-    "worker_id",
-];
+pub use perago_contract::spec::RESERVED_METRIC_LABELS;
 
 /// Validate a spec. On success, returns the warnings to show (each once).
 pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {

@@ -115,6 +115,23 @@ pub struct PodBinaries {
 }
 
 impl PodBinaries {
+    /// The sidecar a test or bench of the sidecar's crate was built with
+    /// (`env!("CARGO_BIN_EXE_perago-sidecar")`) and the runner beside it. The runner is a crate
+    /// of its own, so cargo does not build it for the sidecar's tests: it is built here, once
+    /// per process, in the same target directory and profile (a no-op when it is current).
+    pub fn beside(sidecar: &str) -> Self {
+        static RUNNER: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+        let sidecar = PathBuf::from(sidecar);
+        let runner = RUNNER.get_or_init(|| build_runner_beside(&sidecar));
+        match runner {
+            Ok(runner) => Self {
+                sidecar,
+                runner: runner.clone(),
+            },
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// The static release binaries, for tests outside the sidecar's crate.
     pub fn release() -> Self {
         let dir = crate::process::release_binaries(
@@ -127,6 +144,58 @@ impl PodBinaries {
             runner: dir.join("perago-runner"),
         }
     }
+}
+
+/// `cargo build -p perago-runner` into the directory of `sidecar`, which is
+/// `<target-dir>/[<triple>/]<profile>/perago-sidecar`.
+fn build_runner_beside(sidecar: &Path) -> Result<PathBuf, String> {
+    let profile_dir = sidecar
+        .parent()
+        .ok_or_else(|| format!("{} has no directory", sidecar.display()))?;
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let above = profile_dir.parent().unwrap_or(Path::new("."));
+    let mut cargo =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo.args([
+        "build",
+        "-q",
+        "-p",
+        "perago-runner",
+        "--bin",
+        "perago-runner",
+    ]);
+    // A target directory holds CACHEDIR.TAG; otherwise `above` is a `--target` triple's directory.
+    if above.join("CACHEDIR.TAG").exists() {
+        cargo.arg("--target-dir").arg(above);
+    } else {
+        let triple = above
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        cargo
+            .arg("--target-dir")
+            .arg(above.parent().unwrap_or(Path::new(".")));
+        cargo.args(["--target", triple]);
+    }
+    match profile {
+        "debug" => {}
+        "release" => {
+            cargo.arg("--release");
+        }
+        other => {
+            cargo.args(["--profile", other]);
+        }
+    }
+    let status = cargo
+        .status()
+        .map_err(|e| format!("running {cargo:?} failed: {e}"))?;
+    if !status.success() {
+        return Err(format!("{cargo:?} failed: {status}"));
+    }
+    Ok(profile_dir.join("perago-runner"))
 }
 
 /// A pod run locally.

@@ -13,7 +13,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use perago_sidecar::protocol::{MAX_LINE_BYTES, RunnerMessage, SidecarMessage};
+use perago_contract::protocol::{MAX_LINE_BYTES, RunnerMessage, SidecarMessage};
 use perago_sidecar::runner::read_message;
 use tokio::io::BufReader;
 

@@ -373,10 +373,7 @@ async fn main() {
     .await
     .unwrap();
     let api = Arc::new(ConductorApi::new(&services.conductor().api_url));
-    let bins = PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    };
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let def = taskdef::render(&spec(1)).unwrap();
     api.call(
         reqwest::Method::POST,

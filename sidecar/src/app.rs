@@ -9,7 +9,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use perago_api::contract::{CONTRACT_VERSION, TaskContract};
+use perago_contract::contract::{CONTRACT_VERSION, TaskContract};
 
 use crate::broker::{Broker, TaskRuntime};
 use crate::conductor::ConductorClient;
@@ -18,12 +18,12 @@ use crate::execution;
 use crate::input::Schemas;
 use crate::lakefs::LakeFsClient;
 use crate::otlp::{self, Exporter};
-use crate::protocol::SOCKET_NAME;
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::janitor::StagingSweep;
 use crate::workspace::{TransferLimits, WorkspaceRuntime};
+use perago_contract::protocol::SOCKET_NAME;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]

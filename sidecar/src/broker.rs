@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use perago_api::contract::TaskContract;
+use perago_contract::contract::TaskContract;
 
 use crate::attempt::{AttemptSnapshot, report_identity};
 use crate::conductor::{ConductorClient, ConductorError};

@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use perago_api::url::path_segment;
+use perago_contract::url::path_segment;
 use tokio::sync::Mutex;
 
 #[derive(Debug, Error)]
@@ -65,7 +65,7 @@ impl ConductorError {
     }
 }
 
-pub use perago_api::ConductorCredentials as Credentials;
+pub use perago_contract::ConductorCredentials as Credentials;
 
 pub struct ConductorClient {
     http: reqwest::Client,
@@ -382,7 +382,7 @@ fn kind(v: &Value) -> &'static str {
 /// (reqwest puts the URL, query included, before the cause; in a reason cut to
 /// `PERAGO_FAILURE_REASON_MAX_LENGTH` the cause would be lost). Callers name the call instead.
 pub(crate) fn request_error(e: reqwest::Error) -> String {
-    perago_api::error_chain(&e.without_url())
+    perago_contract::error_chain(&e.without_url())
 }
 
 #[cfg(test)]

@@ -14,13 +14,13 @@ use crate::attempt::AttemptSnapshot;
 use crate::failure::AttemptError;
 use crate::input::Schemas;
 use crate::outcome::clip_path;
-use crate::protocol::{env, files};
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
+use perago_contract::protocol::{env, files};
 
 /// Name of the attempt marker, kept in the execution directory beside (never inside) the
 /// workspace the body sees.
-pub const MARKER: &str = perago_api::paths::ATTEMPT_MARKER;
+pub const MARKER: &str = perago_contract::paths::ATTEMPT_MARKER;
 /// Subdirectory of the work volume holding execution directories.
 pub const EXECUTIONS: &str = "executions";
 

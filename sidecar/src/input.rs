@@ -10,7 +10,7 @@ use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::{JsonType, Validator};
 use serde_json::{Map, Value};
 
-use perago_api::contract::TaskContract;
+use perago_contract::contract::TaskContract;
 
 /// The compiled schemas of one contract.
 pub struct Schemas {

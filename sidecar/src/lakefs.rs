@@ -16,7 +16,7 @@ use thiserror::Error;
 
 use backon::Retryable;
 
-use perago_api::url::path_segment as segment;
+use perago_contract::url::path_segment as segment;
 
 use crate::conductor::request_error;
 use crate::outcome::clip;
@@ -675,8 +675,14 @@ pub fn decode<T: serde::de::DeserializeOwned>(
     reference: &str,
     bytes: &[u8],
 ) -> Result<T, LakeFsError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| LakeFsError::decode(call, repository, reference, perago_api::error_chain(&e)))
+    serde_json::from_slice(bytes).map_err(|e| {
+        LakeFsError::decode(
+            call,
+            repository,
+            reference,
+            perago_contract::error_chain(&e),
+        )
+    })
 }
 
 /// One page of a paginated listing, listed after the offset `after`: its results, and the

@@ -14,7 +14,6 @@ pub mod lakefs;
 pub mod otlp;
 pub mod outcome;
 pub mod pipeline;
-pub mod protocol;
 pub mod retry;
 pub mod runner;
 pub mod telemetry;

@@ -265,7 +265,7 @@ impl Exporter {
                 warn!(status = %r.status(), endpoint = %self.config.endpoint, "the OTLP endpoint refused the metrics export")
             }
             Err(e) => {
-                warn!(error = %perago_api::error_chain(&e), endpoint = %self.config.endpoint, "exporting metrics over OTLP failed")
+                warn!(error = %perago_contract::error_chain(&e), endpoint = %self.config.endpoint, "exporting metrics over OTLP failed")
             }
         }
     }

@@ -27,12 +27,12 @@ use crate::execution::{self, Dispatch, ExecutionDir};
 use crate::failure::AttemptError;
 use crate::input;
 use crate::lakefs::LakeFsError;
-use crate::protocol::files;
 use crate::runner::Lease;
 use crate::workspace::input::WorkspaceRef;
 use crate::workspace::publish::{self, PublishBase};
 use crate::workspace::snapshot::Snapshot;
 use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
+use perago_contract::protocol::files;
 
 /// What a completed attempt reports, and the sweep that follows the report.
 pub struct Completion {

@@ -21,8 +21,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{error, info, warn};
 
-use crate::protocol::{MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SidecarMessage};
 use crate::telemetry::Metrics;
+use perago_contract::protocol::{MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SidecarMessage};
 
 /// How an execution's process ended, as the runner reported it.
 #[derive(Clone, Debug, PartialEq, Eq)]

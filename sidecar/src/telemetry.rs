@@ -18,8 +18,8 @@ use serde_json::Value;
 use tracing::warn;
 use tracing_subscriber::EnvFilter;
 
-use perago_api::task::{ApplicationMetricKind, MetricSpec};
-use perago_api::validate::RESERVED_METRIC_LABELS;
+use perago_contract::spec::RESERVED_METRIC_LABELS;
+use perago_contract::spec::{ApplicationMetricKind, MetricSpec};
 
 /// Install the JSON log subscriber. `PERAGO_LOG` (or `RUST_LOG`) sets the filter.
 pub fn init_logging() {
@@ -500,7 +500,7 @@ impl Drop for PhaseTimer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use perago_api::task::ApplicationMetric;
+    use perago_contract::spec::ApplicationMetric;
 
     fn spec() -> MetricSpec {
         MetricSpec {

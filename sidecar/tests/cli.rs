@@ -28,6 +28,8 @@ fn stderr_of(c: &mut Command) -> (Option<i32>, String) {
 
 #[test]
 fn install_runner_copies_an_executable_runner() {
+    // install-runner copies the runner beside the sidecar's binary, as in the image.
+    perago_e2e::pod::PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let dir = tempfile::tempdir().unwrap();
     let to = dir.path().join("bin/perago-runner");
     let (code, err) = stderr_of(sidecar().args(["install-runner", "--to"]).arg(&to));

@@ -23,10 +23,7 @@ async fn conductor() -> ConductorApi {
 }
 
 fn binaries() -> PodBinaries {
-    PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    }
+    PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"))
 }
 
 async fn pod(

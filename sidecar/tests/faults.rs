@@ -237,10 +237,7 @@ async fn start_pod(
     contract: &Value,
     body: &str,
 ) -> Pod {
-    let bins = PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    };
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let env = [
         ("LAKECTL_SERVER_ENDPOINT_URL", lakefs.url.as_str()),
         ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),

@@ -83,10 +83,7 @@ printf '{"files": %d}' "$(find "$PERAGO_WORKSPACE" -type f | wc -l)" > "$PERAGO_
 async fn our_pod(api: &ConductorApi, spec: &PeragoTaskSpec, extra_env: &[(&str, &str)]) -> Pod {
     let services = services().await;
     let contract = serde_json::to_value(contract::render(spec).unwrap()).unwrap();
-    let bins = PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    };
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let mut env = vec![
         (
             "LAKECTL_SERVER_ENDPOINT_URL",

@@ -474,10 +474,7 @@ spec:
     .await;
     let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
     let lake = &services.lakefs().endpoint;
-    let bins = PodBinaries {
-        sidecar: env!("CARGO_BIN_EXE_perago-sidecar").into(),
-        runner: env!("CARGO_BIN_EXE_perago-runner").into(),
-    };
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let mut env = vec![
         ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
         ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),

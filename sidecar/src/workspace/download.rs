@@ -12,7 +12,7 @@ use backon::BackoffBuilder;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use perago_api::paths::{PathError, listing_prefix, object_key_to_local};
+use perago_contract::paths::{PathError, listing_prefix, object_key_to_local};
 
 use crate::conductor::request_error;
 use crate::lakefs::{LakeFsClient, ObjectEntry};
@@ -39,7 +39,7 @@ impl Manifest {
 pub const ACTIONS_DIR: &str = "_lakefs_actions/";
 
 pub fn is_reserved(key: &str, prefix: &str) -> bool {
-    prefix == perago_api::paths::ROOT_PREFIX && key.starts_with(ACTIONS_DIR)
+    prefix == perago_contract::paths::ROOT_PREFIX && key.starts_with(ACTIONS_DIR)
 }
 
 /// What makes an object key unusable as a workspace path, named precisely (the guardrail

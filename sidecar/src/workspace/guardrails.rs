@@ -12,7 +12,7 @@ use std::path::Path;
 
 use globset::{Glob, GlobMatcher};
 
-use perago_api::task::{Guardrail, GuardrailKind};
+use perago_contract::spec::{Guardrail, GuardrailKind};
 
 /// One entry of the workspace tree, relative to its root (`""` is the root itself).
 #[derive(Debug, Clone)]

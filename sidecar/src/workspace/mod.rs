@@ -13,7 +13,7 @@ pub mod snapshot;
 
 use std::sync::Arc;
 
-use perago_api::contract::ContractWorkspace;
+use perago_contract::contract::ContractWorkspace;
 
 use crate::lakefs::LakeFsClient;
 

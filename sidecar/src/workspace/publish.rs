@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use perago_api::paths::{listing_prefix, local_to_object_key};
+use perago_contract::paths::{listing_prefix, local_to_object_key};
 
 use crate::attempt::AttemptSnapshot;
 use crate::lakefs::{Commit, LakeFsClient};

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use perago_api::paths::ATTEMPT_MARKER;
+use perago_contract::paths::ATTEMPT_MARKER;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use perago_sidecar::protocol::{
+use perago_contract::protocol::{
     MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SOCKET_NAME, SidecarMessage,
 };
 
@@ -199,9 +199,9 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                 let field = |key: &str| env.get(key).map_or("?", String::as_str);
                 log(&format!(
                     "slot {slot}: starting execution {execution_id} (workflow {}, task {}, retry {})",
-                    field(perago_sidecar::protocol::env::WORKFLOW_INSTANCE_ID),
-                    field(perago_sidecar::protocol::env::TASK_ID),
-                    field(perago_sidecar::protocol::env::RETRY_COUNT),
+                    field(perago_contract::protocol::env::WORKFLOW_INSTANCE_ID),
+                    field(perago_contract::protocol::env::TASK_ID),
+                    field(perago_contract::protocol::env::RETRY_COUNT),
                 ));
                 let spawned = Command::new(&args.command[0])
                     .args(&args.command[1..])
