@@ -557,63 +557,29 @@ pub fn reporter() -> Reporter {
 mod tests {
     use super::*;
 
-    use http::{Request, Response};
-    use kube::client::Body;
+    use http::Method;
 
-    /// A Context whose Kubernetes API is `client`; Conductor points nowhere (the paths
-    /// tested here must not call it).
-    fn context(client: Client) -> Arc<Context> {
-        Arc::new(Context {
-            recorder: Recorder::new(client.clone(), reporter()),
-            client,
-            conductor: MetadataClient::new(Duration::from_millis(200), None, None).unwrap(),
-            defaults: Defaults {
-                sidecar_image: "sidecar".into(),
-                conductor_url: Some("http://127.0.0.1:9/api".into()),
-                conductor_credentials_secret: None,
-                lakefs_endpoint: None,
-                lakefs_credentials_secret: None,
-            },
-            resync: Duration::from_secs(60),
-            metrics: Arc::new(crate::telemetry::Metrics::new().unwrap()),
-            recommendations: Default::default(),
-            pods_http: reqwest::Client::new(),
-            queues: scaling::QueueWatch::new(None),
-        })
-    }
+    use crate::fixtures::{mocked_context, task};
 
     fn invalid_task() -> PeragoTask {
-        let yaml = r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {name: broken, namespace: default, uid: u-1, generation: 3, finalizers: [perago.io/taskdef]}
-spec:
-  taskName: op.broken
-  ownerEmail: a@b.c
-  workspace: {prefix: /data, pre: [{kind: requireFile, path: '../etc'}]}
-  paramsSchema: {type: object}
-  resultSchema: {type: object}
-  executor: {body: {image: b, command: [run]}}
-"#;
-        perago_api::manifest::parse(yaml).unwrap().remove(0).task
+        task(
+            "{name: broken, namespace: default, uid: u-1, generation: 3, finalizers: [perago.io/taskdef]}",
+            "{taskName: op.broken, ownerEmail: a@b.c, workspace: {prefix: /data, pre: [{kind: requireFile, path: '../etc'}]}, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {body: {image: b, command: [run]}}}",
+        )
     }
 
     /// The reconcile of an invalid spec, at the HTTP level: one status patch saying Stalled
     /// with the message, one Warning event, and no other call (no Deployment, no ConfigMap).
     #[tokio::test]
     async fn an_invalid_spec_only_patches_status_and_emits_a_warning() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
-        let task = Arc::new(invalid_task());
+        let (context, mut api) = mocked_context();
         let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("a status patch");
-            assert_eq!(request.method(), http::Method::PATCH);
-            assert_eq!(
-                request.uri().path(),
-                "/apis/perago.io/v1alpha1/namespaces/default/peragotasks/broken/status"
-            );
-            let body = request.into_body().collect_bytes().await.unwrap();
-            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let (patch, answer) = api
+                .expect(
+                    Method::PATCH,
+                    "/apis/perago.io/v1alpha1/namespaces/default/peragotasks/broken/status",
+                )
+                .await;
             let status = &patch["status"];
             assert_eq!(status["observedGeneration"], 3);
             let stalled = status["conditions"]
@@ -634,74 +600,45 @@ spec:
             );
             let mut echoed = serde_json::to_value(invalid_task()).unwrap();
             echoed["status"] = status.clone();
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&echoed).unwrap()))
-                    .unwrap(),
-            );
+            answer.send(200, &echoed);
 
-            let (request, respond) = handle.next_request().await.expect("an event");
-            assert_eq!(request.method(), http::Method::POST);
-            assert!(
-                request.uri().path().ends_with("/namespaces/default/events"),
-                "{}",
-                request.uri()
-            );
-            let body = request.into_body().collect_bytes().await.unwrap();
-            let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let (event, answer) = api.expect(Method::POST, "/namespaces/default/events").await;
             assert_eq!(
                 (event["type"].as_str(), event["reason"].as_str()),
                 (Some("Warning"), Some("InvalidSpec"))
             );
-            respond.send_response(
-                Response::builder()
-                    .status(201)
-                    .body(Body::from(body.to_vec()))
-                    .unwrap(),
-            );
-            handle
+            answer.send(201, &event);
+            api
         });
-        let action = reconcile(task, context(client)).await.unwrap();
+        let action = reconcile(Arc::new(invalid_task()), context).await.unwrap();
         assert_eq!(action, Action::await_change());
-        let mut handle = server.await.unwrap();
-        // Nothing else was asked of the API (the channel ends or stays silent).
-        let next = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
-        assert!(!matches!(next, Ok(Some(_))), "an unexpected API call");
+        server.await.unwrap().expect_no_more().await;
     }
 
     /// Deleting a task with the default Retain policy: no Conductor call, and the only API call
     /// removes the finalizer.
     #[tokio::test]
     async fn retain_on_delete_only_releases_the_finalizer() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
+        let (context, mut api) = mocked_context();
         let mut task = invalid_task();
         task.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         let server = tokio::spawn(async move {
-            let (request, respond) = handle.next_request().await.expect("a finalizer patch");
-            assert_eq!(request.method(), http::Method::PATCH);
-            assert_eq!(
-                request.uri().path(),
-                "/apis/perago.io/v1alpha1/namespaces/default/peragotasks/broken"
-            );
-            let body = request.into_body().collect_bytes().await.unwrap();
-            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let (patch, answer) = api
+                .expect(
+                    Method::PATCH,
+                    "/apis/perago.io/v1alpha1/namespaces/default/peragotasks/broken",
+                )
+                .await;
             assert_eq!(patch[1]["op"], "remove", "{patch}");
             assert_eq!(patch[1]["path"], "/metadata/finalizers/0");
             let mut released = serde_json::to_value(invalid_task()).unwrap();
             released["metadata"]["finalizers"] = json!([]);
-            respond.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&released).unwrap()))
-                    .unwrap(),
-            );
-            handle
+            answer.send(200, &released);
+            api
         });
-        let action = reconcile(Arc::new(task), context(client)).await.unwrap();
+        let action = reconcile(Arc::new(task), context).await.unwrap();
         assert_eq!(action, Action::await_change());
-        let mut handle = server.await.unwrap();
-        let next = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
-        assert!(!matches!(next, Ok(Some(_))), "an unexpected API call");
+        server.await.unwrap().expect_no_more().await;
     }
 
     #[test]

@@ -446,13 +446,12 @@ pub fn deployment(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use perago_api::{contract, manifest};
+    use crate::fixtures::{self, defaults};
+    use perago_api::contract;
 
     fn task(yaml_spec: &str) -> PeragoTask {
-        let yaml = format!(
-            "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {{name: features-build, namespace: data, uid: u-1}}\nspec:\n{yaml_spec}"
-        );
-        manifest::parse(&yaml).expect("parses").remove(0).task
+        let metadata = "{name: features-build, namespace: data, uid: u-1}";
+        fixtures::task(metadata, &format!("\n{yaml_spec}"))
     }
 
     const SPEC: &str = r#"  taskName: features.build
@@ -466,16 +465,6 @@ mod tests {
     replicas: 2
     body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
 "#;
-
-    fn defaults() -> Defaults {
-        Defaults {
-            sidecar_image: "ghcr.io/perago/sidecar:0.1.0".into(),
-            conductor_url: Some("http://conductor:8080/api".into()),
-            conductor_credentials_secret: None,
-            lakefs_endpoint: Some("http://lakefs:8000".into()),
-            lakefs_credentials_secret: Some("default-lake".into()),
-        }
-    }
 
     #[test]
     fn the_pod_has_the_runner_the_native_sidecar_and_the_wrapped_body() {

@@ -1,0 +1,362 @@
+//! The `perago-operator` command line: its subcommands, the controller's flags, and how
+//! `run` starts the controller, the webhook, the metrics server and leader election.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::{cli, conductor, controller, reference, render, scaling, telemetry, webhook};
+
+#[derive(Parser)]
+#[command(
+    name = "perago-operator",
+    version,
+    about = "Perago for Kubernetes operator"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once per process: the size of `Run` does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Print the PeragoTask CustomResourceDefinition as YAML.
+    Crd,
+    /// Print the PeragoTask reference document (Markdown), generated from the CRD.
+    Reference,
+    /// Validate the PeragoTasks of a manifest offline.
+    Check {
+        /// Manifest file (YAML, several documents allowed); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// Render the Conductor TaskDef of the one PeragoTask in a manifest.
+    Taskdef {
+        /// Manifest file (YAML); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        /// Write the TaskDef to this `.json` file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Run the controller (in the cluster, or with the kubeconfig of KUBECONFIG).
+    Run {
+        #[command(flatten)]
+        defaults: DefaultsArgs,
+        /// Per-request timeout of Conductor calls (seconds).
+        #[arg(long, env = "PERAGO_CONDUCTOR_TIMEOUT_SECONDS", default_value_t = 10)]
+        conductor_timeout_seconds: u64,
+        /// How often a ready task is checked again, TaskDef drift included (seconds).
+        #[arg(long, env = "PERAGO_RESYNC_SECONDS", default_value_t = 60)]
+        resync_seconds: u64,
+        /// How often the queues of all task types are read (one Conductor call per Conductor),
+        /// so that an autoscaled task scales up within this many seconds of work arriving; 0
+        /// turns it off (each task's queue is then read at its resync).
+        #[arg(long, env = "PERAGO_QUEUE_POLL_SECONDS", default_value_t = 2)]
+        queue_poll_seconds: u64,
+        #[command(flatten)]
+        process: ProcessArgs,
+        #[command(flatten)]
+        auth: ConductorAuthArgs,
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    },
+    /// Print the sidecar's task contract of the one PeragoTask in a manifest (JSON).
+    Contract {
+        /// Manifest file (YAML); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
+    Render {
+        /// Manifest file (YAML, several documents allowed); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        #[command(flatten)]
+        defaults: DefaultsArgs,
+    },
+}
+
+/// How the operator process runs.
+#[derive(clap::Args)]
+pub struct ProcessArgs {
+    /// `/metrics`, `/healthz`, `/readyz`.
+    #[arg(long, env = "PERAGO_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: std::net::SocketAddr,
+    /// Reconcile only while holding the Lease `perago-operator` (run several replicas safely).
+    #[arg(long, env = "PERAGO_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Seconds a leader holds the Lease without renewing it.
+    #[arg(long, env = "PERAGO_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
+}
+
+/// The validating admission webhook (ADR 0008).
+#[derive(clap::Args)]
+pub struct WebhookArgs {
+    /// Serve the admission webhook over HTTPS here (the chart sets `0.0.0.0:9443`); unset
+    /// disables it.
+    #[arg(long, env = "PERAGO_WEBHOOK_ADDR")]
+    webhook_addr: Option<std::net::SocketAddr>,
+    /// Secret (in the operator's namespace) holding the webhook's certificate.
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_SECRET",
+        default_value = "perago-operator-webhook-tls"
+    )]
+    webhook_secret: String,
+    /// The Service the apiserver calls the webhook through (the certificate's name).
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_SERVICE",
+        default_value = "perago-operator-webhook"
+    )]
+    webhook_service: String,
+    /// The ValidatingWebhookConfiguration whose caBundle the operator keeps.
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_CONFIGURATION",
+        default_value = "perago-operator"
+    )]
+    webhook_configuration: String,
+    /// Make, renew and publish the certificate; false when cert-manager does.
+    #[arg(long, env = "PERAGO_WEBHOOK_MANAGE_CERTIFICATE", default_value_t = true, action = clap::ArgAction::Set)]
+    webhook_manage_certificate: bool,
+}
+
+/// Start the webhook in the background: it serves once its certificate is there (a
+/// cert-manager Secret may come later), and readiness waits for it.
+fn start_webhook(
+    client: &kube::Client,
+    args: WebhookArgs,
+    namespace: &str,
+    metrics: &std::sync::Arc<telemetry::Metrics>,
+) {
+    let Some(addr) = args.webhook_addr else {
+        return;
+    };
+    let settings = webhook::tls::Settings {
+        namespace: namespace.to_owned(),
+        secret: args.webhook_secret,
+        service: args.webhook_service,
+        configuration: args.webhook_configuration,
+        manage: args.webhook_manage_certificate,
+    };
+    let (client, metrics) = (client.clone(), metrics.clone());
+    metrics
+        .webhook_ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    tokio::spawn(async move {
+        let (pem, config) = loop {
+            match webhook::tls::prepare(&client, &settings).await {
+                Ok(ready) => break ready,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the admission webhook cannot serve yet; retrying in 5 s");
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            }
+        };
+        tokio::spawn(webhook::tls::keep_fresh(
+            client,
+            settings,
+            config.clone(),
+            pem,
+        ));
+        let listening = move || {
+            metrics
+                .webhook_ready
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        if let Err(e) = webhook::serve(addr, config, listening).await {
+            tracing::error!(error = %e, %addr, "the admission webhook stopped");
+        }
+    });
+}
+
+/// The operator's own Orkes application key for its Conductor calls (OSS needs none). Pods
+/// get theirs from the Secret the task or `--conductor-credentials-secret` names.
+#[derive(clap::Args)]
+pub struct ConductorAuthArgs {
+    #[arg(long, env = "CONDUCTOR_AUTH_KEY", hide_env_values = true)]
+    conductor_auth_key: Option<String>,
+    #[arg(long, env = "CONDUCTOR_AUTH_SECRET", hide_env_values = true)]
+    conductor_auth_secret: Option<String>,
+}
+
+impl ConductorAuthArgs {
+    fn credentials(self) -> Result<Option<conductor::Credentials>, String> {
+        match (self.conductor_auth_key, self.conductor_auth_secret) {
+            (None, None) => Ok(None),
+            (Some(key), Some(secret)) if !key.is_empty() && !secret.is_empty() => {
+                Ok(Some(conductor::Credentials { key, secret }))
+            }
+            _ => Err(
+                "CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET go together: set both or neither"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// The operator's cluster-wide defaults.
+#[derive(clap::Args)]
+pub struct DefaultsArgs {
+    /// Image of the sidecar (also carries perago-runner).
+    #[arg(long, env = "PERAGO_SIDECAR_IMAGE", default_value = concat!("ghcr.io/perago/perago-sidecar:", env!("CARGO_PKG_VERSION")))]
+    sidecar_image: String,
+    /// Conductor API URL for tasks that do not set `spec.conductor.url`.
+    #[arg(long, env = "PERAGO_CONDUCTOR_URL")]
+    conductor_url: Option<String>,
+    /// Secret with CONDUCTOR_AUTH_KEY / CONDUCTOR_AUTH_SECRET for tasks that set none.
+    #[arg(long, env = "PERAGO_CONDUCTOR_CREDENTIALS_SECRET")]
+    conductor_credentials_secret: Option<String>,
+    /// lakeFS URL for workspace tasks that do not set `spec.lakefs.endpoint`.
+    #[arg(long, env = "PERAGO_LAKEFS_ENDPOINT")]
+    lakefs_endpoint: Option<String>,
+    /// Secret with the LAKECTL_CREDENTIALS_* keys for workspace tasks that set none.
+    #[arg(long, env = "PERAGO_LAKEFS_CREDENTIALS_SECRET")]
+    lakefs_credentials_secret: Option<String>,
+}
+
+impl DefaultsArgs {
+    fn defaults(self) -> render::Defaults {
+        render::Defaults {
+            sidecar_image: self.sidecar_image,
+            conductor_url: self.conductor_url,
+            conductor_credentials_secret: self.conductor_credentials_secret,
+            lakefs_endpoint: self.lakefs_endpoint,
+            lakefs_credentials_secret: self.lakefs_credentials_secret,
+        }
+    }
+}
+
+fn run(
+    defaults: render::Defaults,
+    timeout: u64,
+    resync: u64,
+    queue_poll: u64,
+    process: ProcessArgs,
+    credentials: Option<conductor::Credentials>,
+    webhook: WebhookArgs,
+) -> Result<(), String> {
+    let _ = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("PERAGO_LOG").unwrap_or_else(|_| "info".into()),
+        ))
+        .with_writer(std::io::stderr)
+        .try_init();
+    // rustls is built without a default crypto provider: ring, as for the Kubernetes client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if defaults.conductor_url.is_none() {
+        return Err("--conductor-url (PERAGO_CONDUCTOR_URL) is required: tasks without spec.conductor.url are registered there".into());
+    }
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("starting the async runtime failed: {e}"))?;
+    runtime.block_on(async {
+        let metrics = std::sync::Arc::new(
+            telemetry::Metrics::new().map_err(|e| format!("registering metrics failed: {e}"))?,
+        );
+        telemetry::serve(process.http_addr, metrics.clone())
+            .await
+            .map_err(|e| format!("listening on {} failed: {e}", process.http_addr))?;
+        let client = kube::Client::try_default()
+            .await
+            .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
+        start_webhook(&client, webhook, &process.lease_namespace, &metrics);
+        let conductor = conductor::MetadataClient::new(
+            std::time::Duration::from_secs(timeout.max(1)),
+            Some(metrics.conductor_calls.clone()),
+            credentials,
+        )
+        .map_err(|e| format!("building the Conductor client failed: {e}"))?;
+        let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
+        let context = controller::Context {
+            client: client.clone(),
+            conductor,
+            defaults,
+            recorder,
+            resync: std::time::Duration::from_secs(resync.max(1)),
+            metrics: metrics.clone(),
+            recommendations: Default::default(),
+            pods_http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(1))
+                .build()
+                .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
+            queues: scaling::QueueWatch::new(
+                (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
+            ),
+        };
+        metrics
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if !process.leader_election {
+            metrics.leader.set(1);
+            controller::run(context).await;
+            return Ok(());
+        }
+        let identity = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("perago-operator-{}", std::process::id()));
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client, "perago-operator")
+            .with_namespace(process.lease_namespace.clone())
+            .with_identity(identity.clone())
+            .with_duration(process.lease_duration_seconds.max(2))
+            .with_grace((process.lease_duration_seconds / 3).max(1))
+            .build()
+            .await
+            .map_err(|e| format!("preparing the leader Lease failed: {e}"))?;
+        let (mut leading, _task) = manager.watch().await;
+        tracing::info!(identity = %identity, "waiting for the leader lease");
+        if leading.wait_for(|l| *l).await.is_err() {
+            return Err("the leader election stopped".into());
+        }
+        metrics.leader.set(1);
+        tracing::info!(identity = %identity, "leading; reconciling");
+        tokio::select! {
+            () = controller::run(context) => Ok(()),
+            _ = leading.wait_for(|l| !*l) => {
+                metrics.leader.set(0);
+                // Stop at once: another replica may already reconcile. Kubernetes restarts
+                // this one as a standby.
+                Err("lost the leader lease; stopping".into())
+            }
+        }
+    })
+}
+
+/// Carry out one parsed command line; the error is the one line printed after `error: `.
+pub fn execute(args: Args) -> Result<(), String> {
+    match args.command {
+        Command::Crd => cli::crd(),
+        Command::Reference => reference::print(),
+        Command::Check { file } => cli::check(&file),
+        Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
+        Command::Contract { file } => cli::contract(&file),
+        Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),
+        Command::Run {
+            defaults,
+            conductor_timeout_seconds,
+            resync_seconds,
+            queue_poll_seconds,
+            process,
+            auth,
+            webhook,
+        } => auth.credentials().and_then(|credentials| {
+            run(
+                defaults.defaults(),
+                conductor_timeout_seconds,
+                resync_seconds,
+                queue_poll_seconds,
+                process,
+                credentials,
+                webhook,
+            )
+        }),
+    }
+}
