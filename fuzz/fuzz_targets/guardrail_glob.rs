@@ -128,7 +128,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(p) => p,
         Err(e) => {
             let head = format!("invalid guardrail pattern '{pattern}': ");
-            assert!(e.starts_with(&head), "{e:?}");
+            assert!(e.to_string().starts_with(&head), "{e:?}");
             return;
         }
     };

@@ -89,7 +89,10 @@ fn fence(commits: &[Commit], more: bool) {
                 );
             }
         }
-        Err(e) => assert!(e.starts_with(REF), "{e}"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.starts_with(REF), "{e}")
+        }
     }
 }
 

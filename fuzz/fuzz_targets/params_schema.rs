@@ -84,6 +84,7 @@ fuzz_target!(|data: &[u8]| {
     let schemas = match Schemas::compile(&contract) {
         Ok(s) => s,
         Err(e) => {
+            let e = e.to_string();
             assert!(
                 e.starts_with("task contract paramsSchema is not a valid JSON Schema: ")
                     || e.starts_with("task contract resultSchema is not a valid JSON Schema: "),
@@ -121,7 +122,7 @@ fuzz_target!(|data: &[u8]| {
                             !accepted_by_validator,
                             "params refused that the schema accepts: {e}"
                         );
-                        check_refusal(&e, "params");
+                        check_refusal(&e.to_string(), "params");
                     }
                 }
             }
@@ -132,7 +133,7 @@ fuzz_target!(|data: &[u8]| {
                     "workspace-free task input must contain only params",
                     "workspace-free task input must contain params",
                 ]
-                .contains(&e.as_str()),
+                .contains(&e.to_string().as_str()),
                 "{e}"
             ),
         }
@@ -148,7 +149,7 @@ fuzz_target!(|data: &[u8]| {
                     !accepted_by_validator,
                     "result refused that the schema accepts: {e}"
                 );
-                check_refusal(&e, "result");
+                check_refusal(&e.to_string(), "result");
             }
         }
     }

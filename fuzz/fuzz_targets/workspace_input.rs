@@ -39,6 +39,7 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(WorkspaceRef::parse(&published.to_value()), Ok(published));
             }
             Err(e) => {
+                let e = e.to_string();
                 assert!(e.starts_with("invalid workspace: workspace"), "{e:?}");
                 let Some(map) = v.as_object() else {
                     continue;

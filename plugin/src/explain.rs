@@ -391,7 +391,9 @@ impl Reader<'_> {
         let ws = match WorkspaceRef::parse(&task.input_data["workspace"]) {
             Ok(ws) => ws,
             Err(e) => {
-                view.workspace = WorkspaceView::Invalid { invalid: e };
+                view.workspace = WorkspaceView::Invalid {
+                    invalid: e.to_string(),
+                };
                 return Ok(view);
             }
         };

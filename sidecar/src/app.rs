@@ -103,7 +103,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     let checked = settings.check().map_err(StartError)?;
     std::sync::LazyLock::force(&STARTED);
     let contract = read_contract(&settings.contract)?;
-    let schemas = Schemas::compile(&contract).map_err(StartError)?;
+    let schemas = Schemas::compile(&contract).map_err(|e| StartError(e.to_string()))?;
     // The lakeFS client and limits of a workspace task; the sweep and the hard-fence watch
     // are added once Conductor and the metrics exist.
     let workspace = match (&contract.workspace, &checked.lakefs) {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::attempt::AttemptSnapshot;
-use crate::failure::AttemptError;
+use crate::failure::{AttemptError, FileError};
 use crate::input::Schemas;
 use crate::outcome::clip_path;
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
@@ -57,14 +57,13 @@ impl ExecutionDir {
         snapshot: &AttemptSnapshot,
         execution_id: &str,
         worker_id: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, FileError> {
         let path = work_dir.join(EXECUTIONS).join(format!(
             "task_id={}-exec={}",
             safe(&snapshot.task_id),
             safe(execution_id)
         ));
-        std::fs::create_dir(&path)
-            .map_err(|e| format!("creating {} failed: {e}", clip_path(&path)))?;
+        std::fs::create_dir(&path).map_err(|e| FileError::new("creating", &path, e))?;
         let marker = json!({
             "execution_id": execution_id,
             "owner_pid": std::process::id(),
@@ -80,7 +79,7 @@ impl ExecutionDir {
         if let Err(e) = std::fs::write(&marker_path, marker.to_string()) {
             // Cleanup only removes directories that carry the marker: remove this one now.
             let _ = std::fs::remove_dir_all(&path);
-            return Err(format!("writing {} failed: {e}", clip_path(&marker_path)));
+            return Err(FileError::new("writing", &marker_path, e));
         }
         Ok(Self { path })
     }
@@ -314,9 +313,7 @@ async fn read_outcome(
                 "task body exited with status 0 without writing a result to PERAGO_RESULT".into(),
             )
         })?;
-    let result: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        AttemptError::Result(format!("task body wrote a result that is not JSON: {e}"))
-    })?;
+    let result: Value = serde_json::from_slice(&bytes).map_err(AttemptError::ResultNotJson)?;
     schemas.result(&result).map_err(AttemptError::Result)?;
     Ok(result)
 }

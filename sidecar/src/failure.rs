@@ -4,11 +4,36 @@
 //! [`AttemptError::terminal`] is the one place that chooses FAILED_WITH_TERMINAL_ERROR over
 //! FAILED; [`AttemptError::label`] names the row in `perago_sidecar_attempt_failures_total`.
 
+use std::path::{Path, PathBuf};
+
 use thiserror::Error;
 
 use crate::attempt::SnapshotError;
+use crate::input::InputError;
 use crate::lakefs::LakeFsError;
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, clip_path};
+use crate::workspace::download::DownloadError;
+use crate::workspace::guardrails::GuardrailError;
+use crate::workspace::publish::{FenceError, StageError};
+
+/// A file or directory of the attempt that could not be made, written, read or removed.
+#[derive(Debug, Error)]
+#[error("{action} {} failed: {cause}", clip_path(.path))]
+pub struct FileError {
+    pub action: &'static str,
+    pub path: PathBuf,
+    pub cause: std::io::Error,
+}
+
+impl FileError {
+    pub fn new(action: &'static str, path: &Path, cause: std::io::Error) -> Self {
+        Self {
+            action,
+            path: path.to_owned(),
+            cause,
+        }
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum AttemptError {
@@ -19,17 +44,17 @@ pub enum AttemptError {
     #[error("no executor slot is free for task {task_id}; the task-body runner is not connected")]
     NoSlot { task_id: String },
     /// Input validation: the top-level keys, the workspace object, the params.
-    #[error("{0}")]
-    Input(String),
+    #[error(transparent)]
+    Input(InputError),
     /// The execution directory, or a file the sidecar writes or reads in it.
     #[error("{0}")]
     Local(String),
     /// Listing or fetching the input ref, or projecting it into the workspace.
-    #[error("{0}")]
-    Download(String),
+    #[error(transparent)]
+    Download(#[from] DownloadError),
     /// The input workspace breaks the task's pre guardrails: terminal.
-    #[error("{0}")]
-    PreGuardrail(String),
+    #[error(transparent)]
+    PreGuardrail(GuardrailError),
     /// The body could not start, died, ran out of time, was given up, or exited without a
     /// result.
     #[error("{0}")]
@@ -37,11 +62,13 @@ pub enum AttemptError {
     /// The body's own error document; `terminal` is its choice.
     #[error("{reason}")]
     Declared { reason: String, terminal: bool },
-    /// The body's result is not JSON or breaks the result schema.
-    #[error("{0}")]
-    Result(String),
-    #[error("{0}")]
-    PostGuardrail(String),
+    /// The body's result breaks the result schema.
+    #[error(transparent)]
+    Result(InputError),
+    #[error("task body wrote a result that is not JSON: {0}")]
+    ResultNotJson(serde_json::Error),
+    #[error(transparent)]
+    PostGuardrail(GuardrailError),
     /// The attempt fence: Conductor no longer shows this attempt as the current one. The
     /// reason is the task id alone, as in the reference.
     #[error("{task_id}")]
@@ -50,8 +77,8 @@ pub enum AttemptError {
     #[error("broker failed to reload attempt {task_id}: {cause}")]
     FenceUnreadable { task_id: String, cause: String },
     /// The publish fence cannot explain the branch's history since the input ref.
-    #[error("{0}")]
-    PublishFence(String),
+    #[error(transparent)]
+    PublishFence(FenceError),
     /// Nothing to publish, and the branch is no longer at the input ref.
     #[error("{branch} cannot complete no-op from input ref {input}; current head is {head}")]
     NoOpMoved {
@@ -60,8 +87,8 @@ pub enum AttemptError {
         head: String,
     },
     /// Planning, creating the staging branch, uploading, deleting or committing the try.
-    #[error("{0}")]
-    Stage(String),
+    #[error(transparent)]
+    Stage(#[from] StageError),
     /// The target head is no longer the base the fence chose.
     #[error("{branch} advanced from {input} to {head}")]
     HeadMoved {
@@ -102,7 +129,7 @@ impl AttemptError {
             Self::PreGuardrail(_) => "pre_guardrail",
             Self::Body(_) => "body",
             Self::Declared { .. } => "body_error",
-            Self::Result(_) => "result",
+            Self::Result(_) | Self::ResultNotJson(_) => "result",
             Self::PostGuardrail(_) => "post_guardrail",
             Self::Stale { .. } | Self::FenceUnreadable { .. } => "attempt_fence",
             Self::PublishFence(_) | Self::NoOpMoved { .. } => "publish_fence",
@@ -132,12 +159,23 @@ impl From<AttemptError> for Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workspace::guardrails::Violation;
+    use perago_contract::spec::GuardrailKind;
+
+    fn violation(phase: &'static str) -> GuardrailError {
+        GuardrailError::Violated {
+            phase,
+            kind: GuardrailKind::RequireFile,
+            path: "a".into(),
+            violation: Violation::NoFile,
+        }
+    }
 
     #[test]
     fn only_pre_guardrails_and_declared_terminal_errors_are_terminal() {
         let terminal = |e: AttemptError| Outcome::from(e).status();
         assert_eq!(
-            terminal(AttemptError::PreGuardrail("pre guardrail".into())),
+            terminal(AttemptError::PreGuardrail(violation("pre"))),
             "FAILED_WITH_TERMINAL_ERROR"
         );
         assert_eq!(
@@ -148,8 +186,8 @@ mod tests {
             "FAILED_WITH_TERMINAL_ERROR"
         );
         for e in [
-            AttemptError::PostGuardrail("post".into()),
-            AttemptError::Input("bad".into()),
+            AttemptError::PostGuardrail(violation("post")),
+            AttemptError::Input(InputError::Keys("bad")),
             AttemptError::Declared {
                 reason: "no".into(),
                 terminal: false,

@@ -12,6 +12,28 @@ use serde_json::{Map, Value};
 
 use perago_contract::contract::TaskContract;
 
+/// Why a task's input (or a body's result) was refused, in Python Perago 0.6.1's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// The top-level keys of `inputData`.
+    #[error("{0}")]
+    Keys(&'static str),
+    /// A value breaks its schema (`what`: params, result, workspace); one problem per field.
+    #[error("invalid {what}: {}", .problems.join("; "))]
+    Invalid {
+        what: &'static str,
+        problems: Vec<String>,
+    },
+}
+
+/// A schema of the task contract does not compile (the sidecar refuses to start).
+#[derive(Debug, thiserror::Error)]
+#[error("task contract {which} is not a valid JSON Schema: {cause}")]
+pub struct SchemaError {
+    which: &'static str,
+    cause: String,
+}
+
 /// The compiled schemas of one contract.
 pub struct Schemas {
     params_schema: Value,
@@ -20,12 +42,17 @@ pub struct Schemas {
 }
 
 impl Schemas {
-    pub fn compile(contract: &TaskContract) -> Result<Self, String> {
+    pub fn compile(contract: &TaskContract) -> Result<Self, SchemaError> {
+        let invalid = |which| {
+            move |e: jsonschema::ValidationError| SchemaError {
+                which,
+                cause: e.to_string(),
+            }
+        };
         let params_schema = Value::Object(contract.params_schema.clone());
-        let params = jsonschema::validator_for(&params_schema)
-            .map_err(|e| format!("task contract paramsSchema is not a valid JSON Schema: {e}"))?;
+        let params = jsonschema::validator_for(&params_schema).map_err(invalid("paramsSchema"))?;
         let result = jsonschema::validator_for(&Value::Object(contract.result_schema.clone()))
-            .map_err(|e| format!("task contract resultSchema is not a valid JSON Schema: {e}"))?;
+            .map_err(invalid("resultSchema"))?;
         Ok(Self {
             params_schema,
             params,
@@ -34,7 +61,7 @@ impl Schemas {
     }
 
     /// Validate params; in non-strict mode undeclared fields are dropped first.
-    pub fn params(&self, mut params: Value, strict: bool) -> Result<Value, String> {
+    pub fn params(&self, mut params: Value, strict: bool) -> Result<Value, InputError> {
         if !strict {
             strip_undeclared(&self.params_schema, &mut params);
         }
@@ -43,7 +70,7 @@ impl Schemas {
         Ok(params)
     }
 
-    pub fn result(&self, result: &Value) -> Result<(), String> {
+    pub fn result(&self, result: &Value) -> Result<(), InputError> {
         check(&self.result, result, "result")
     }
 }
@@ -59,7 +86,7 @@ pub struct AcceptedInput {
 pub fn accept(
     contract: &TaskContract,
     input: &Map<String, Value>,
-) -> Result<AcceptedInput, String> {
+) -> Result<AcceptedInput, InputError> {
     let workspace_task = contract.is_workspace_task();
     let expected: &[&str] = if workspace_task {
         &["workspace", "params"]
@@ -81,12 +108,11 @@ pub fn accept(
                 "workspace-free task input must contain params",
             )
         };
-        return Err(if contract.strict_params {
+        return Err(InputError::Keys(if contract.strict_params {
             strict_text
         } else {
             lenient_text
-        }
-        .to_owned());
+        }));
     }
     Ok(AcceptedInput {
         workspace: input.get("workspace").cloned(),
@@ -94,7 +120,7 @@ pub fn accept(
     })
 }
 
-fn check(validator: &Validator, value: &Value, what: &str) -> Result<(), String> {
+fn check(validator: &Validator, value: &Value, what: &'static str) -> Result<(), InputError> {
     let mut problems = Vec::new();
     // Pydantic stops at a value's first failing constraint: one problem per value.
     let mut judged = std::collections::HashSet::new();
@@ -126,7 +152,7 @@ fn check(validator: &Validator, value: &Value, what: &str) -> Result<(), String>
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(format!("invalid {what}: {}", problems.join("; ")))
+        Err(InputError::Invalid { what, problems })
     }
 }
 
@@ -448,21 +474,27 @@ mod tests {
         let lenient = contract(false, false);
         let extra = input(json!({"params": {"n": 1}, "workspace": {}}));
         assert_eq!(
-            accept(&strict, &extra).unwrap_err(),
+            accept(&strict, &extra).unwrap_err().to_string(),
             "workspace-free task input must contain only params"
         );
         assert_eq!(accept(&lenient, &extra).unwrap().params, json!({"n": 1}));
         assert_eq!(
-            accept(&lenient, &input(json!({"x": 1}))).unwrap_err(),
+            accept(&lenient, &input(json!({"x": 1})))
+                .unwrap_err()
+                .to_string(),
             "workspace-free task input must contain params"
         );
         let ws_strict = contract(true, true);
         assert_eq!(
-            accept(&ws_strict, &input(json!({"params": {}}))).unwrap_err(),
+            accept(&ws_strict, &input(json!({"params": {}})))
+                .unwrap_err()
+                .to_string(),
             "workspace task input must contain only workspace and params"
         );
         assert_eq!(
-            accept(&contract(false, true), &input(json!({"params": {}}))).unwrap_err(),
+            accept(&contract(false, true), &input(json!({"params": {}})))
+                .unwrap_err()
+                .to_string(),
             "workspace task input must contain workspace and params"
         );
     }
@@ -476,7 +508,8 @@ mod tests {
                 json!({"n": 1, "zzz": 2, "inner": {"q": "x", "r": 1}, "lst": [{"a": 1, "q": 2}]}),
                 true,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("invalid params: "), "{err}");
         for part in [
             "params.zzz: Extra inputs are not permitted",
@@ -485,9 +518,9 @@ mod tests {
         ] {
             assert!(err.contains(part), "{err} lacks {part}");
         }
-        let err = s.params(json!({}), true).unwrap_err();
+        let err = s.params(json!({}), true).unwrap_err().to_string();
         assert_eq!(err, "invalid params: params.n: Field required");
-        let err = s.params(json!({"n": -1}), true).unwrap_err();
+        let err = s.params(json!({"n": -1}), true).unwrap_err().to_string();
         assert_eq!(
             err,
             "invalid params: params.n: Input should be greater than or equal to 0"
@@ -531,7 +564,9 @@ mod tests {
         let one = |field: &str, value: Value| -> String {
             let mut params = Map::new();
             params.insert(field.to_owned(), value);
-            s.params(Value::Object(params), true).unwrap_err()
+            s.params(Value::Object(params), true)
+                .unwrap_err()
+                .to_string()
         };
         for (field, value, message) in [
             ("name", json!(5), "Input should be a valid string"),
@@ -638,7 +673,8 @@ mod tests {
         // the undeclared ones (Pydantic's order).
         assert_eq!(
             s.params(json!({"name": 5, "count": 11, "zzz": 1}), true)
-                .unwrap_err(),
+                .unwrap_err()
+                .to_string(),
             "invalid params: params.name: Input should be a valid string; params.count: Input should be less than or equal to 10; params.zzz: Extra inputs are not permitted"
         );
     }
@@ -688,12 +724,15 @@ mod tests {
         let s = Schemas::compile(&contract(false, false)).unwrap();
         s.result(&json!({"total": 3})).unwrap();
         assert_eq!(
-            s.result(&json!({"total": 3, "extra": 1})).unwrap_err(),
+            s.result(&json!({"total": 3, "extra": 1}))
+                .unwrap_err()
+                .to_string(),
             "invalid result: result.extra: Extra inputs are not permitted"
         );
         assert!(
             s.result(&json!({"total": "3"}))
                 .unwrap_err()
+                .to_string()
                 .contains("result.total")
         );
     }

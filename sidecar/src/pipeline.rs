@@ -28,8 +28,9 @@ use crate::failure::AttemptError;
 use crate::input;
 use crate::lakefs::LakeFsError;
 use crate::runner::Lease;
+use crate::workspace::guardrails::GuardrailError;
 use crate::workspace::input::WorkspaceRef;
-use crate::workspace::publish::{self, PublishBase};
+use crate::workspace::publish::{self, PublishBase, StageError};
 use crate::workspace::snapshot::Snapshot;
 use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
 use perago_contract::protocol::files;
@@ -273,7 +274,7 @@ impl Attempt<'_> {
         phase: Phase,
         root: &Path,
     ) -> Result<(), AttemptError> {
-        let (name, list, error): (_, _, fn(String) -> AttemptError) = match phase {
+        let (name, list, error): (_, _, fn(GuardrailError) -> AttemptError) = match phase {
             Phase::Pre => ("pre", &rt.spec.pre, AttemptError::PreGuardrail),
             Phase::Post => ("post", &rt.spec.post, AttemptError::PostGuardrail),
         };
@@ -283,7 +284,10 @@ impl Attempt<'_> {
         let (list, root) = (list.clone(), root.to_owned());
         tokio::task::spawn_blocking(move || guardrails::check(name, &list, &root))
             .await
-            .map_err(|e| format!("{name} guardrails stopped: {e}"))
+            .map_err(|e| GuardrailError::Stopped {
+                phase: name,
+                cause: e.to_string(),
+            })
             .and_then(|checked| checked)
             .map_err(error)
     }
@@ -398,8 +402,8 @@ impl Attempt<'_> {
         let started = Instant::now();
         let base_objects = publish::base_objects(lakefs, &ws.repository, &base.base, prefix)
             .await
-            .map_err(AttemptError::Stage)?;
-        let plan = publish::plan(workspace, &base_objects, prefix).map_err(AttemptError::Stage)?;
+            .map_err(StageError::from)?;
+        let plan = publish::plan(workspace, &base_objects, prefix)?;
         if plan.uploads.is_empty() && plan.deletes.is_empty() {
             return Ok(None);
         }
@@ -407,7 +411,7 @@ impl Attempt<'_> {
         lakefs
             .create_branch(&ws.repository, &branch, &base.base)
             .await
-            .map_err(|e| AttemptError::Stage(e.to_string()))?;
+            .map_err(StageError::from)?;
         *staging = Some(branch.clone());
         let applied = publish::apply(
             lakefs,
@@ -422,13 +426,13 @@ impl Attempt<'_> {
         if let Err(e) = applied {
             self.metrics()
                 .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
-            return Err(AttemptError::Stage(e));
+            return Err(StageError::from(e).into());
         }
         let try_metadata = publish::try_metadata(self.snapshot, ws, prefix);
         let commit = lakefs
             .commit(&ws.repository, &branch, "perago try", &try_metadata)
             .await
-            .map_err(|e| AttemptError::Stage(e.to_string()))?
+            .map_err(StageError::from)?
             .id;
         let total: u64 = workspace.iter().map(|i| i.size).sum();
         self.metrics()

@@ -154,7 +154,8 @@ async fn download_projects_the_prefix_in_parallel_and_guardrails_see_it() {
             &[g(GuardrailKind::RequireGlob, "raw/**/*.csv", None, None)],
             dir.path()
         )
-        .unwrap_err(),
+        .unwrap_err()
+        .to_string(),
         "pre guardrail require_glob('raw/**/*.csv') matched 0 files; min_count=1"
     );
     let before = snapshot::take(dir.path()).unwrap();
@@ -188,7 +189,8 @@ async fn hostile_keys_and_missing_refs_fail_with_the_call_named() {
         Duration::from_secs(10),
     )
     .await
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert_eq!(
         err,
         "object key 'data/a//b.txt' cannot be projected into the workspace: it has an empty segment ('//')"
@@ -208,7 +210,8 @@ async fn hostile_keys_and_missing_refs_fail_with_the_call_named() {
         Duration::from_secs(10),
     )
     .await
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.starts_with(&format!(
             "lakeFS list objects on {repo}@0123456789abcdef failed: HTTP 404"
@@ -283,7 +286,8 @@ async fn every_hostile_key_is_refused_naming_what_is_wrong() {
             Duration::from_secs(10),
         )
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         let suffix = format!("' cannot be projected into the workspace: {why}");
         if key.len() < 100 {
             assert_eq!(err, format!("object key '{key}{suffix}"));

@@ -5,7 +5,7 @@
 //! checked against the listing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use backon::BackoffBuilder;
@@ -15,8 +15,70 @@ use tokio::io::AsyncWriteExt;
 use perago_contract::paths::{PathError, listing_prefix, object_key_to_local};
 
 use crate::conductor::request_error;
-use crate::lakefs::{LakeFsClient, ObjectEntry};
-use crate::outcome::{QUOTED_MAX, clip, clip_path};
+use crate::failure::FileError;
+use crate::lakefs::{LakeFsClient, LakeFsError, ObjectEntry, REF_MAX};
+use crate::outcome::{QUOTED_MAX, clip};
+
+/// Why the input ref could not be projected into the workspace.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// Listing the ref or asking for an object failed.
+    #[error(transparent)]
+    LakeFs(#[from] LakeFsError),
+    #[error("object key '{}' cannot be projected into the workspace: {why}", clip(.key, QUOTED_MAX))]
+    Unprojectable { key: String, why: KeyProblem },
+    #[error(
+        "object keys for '{}' and '{}' collide: one would be a file and a directory at once",
+        clip(.file, QUOTED_MAX),
+        clip(.inside, QUOTED_MAX)
+    )]
+    Collision { file: String, inside: String },
+    /// A directory or file of the workspace could not be made, written or removed.
+    #[error(transparent)]
+    Local(#[from] FileError),
+    /// The object's body broke off while it was read.
+    #[error(
+        "lakeFS get object on {repository}@{} failed while reading '{}': {cause}",
+        clip(.reference, REF_MAX),
+        clip(.key, QUOTED_MAX)
+    )]
+    BrokeOff {
+        repository: String,
+        reference: String,
+        key: String,
+        cause: String,
+    },
+    /// Fewer or more bytes arrived than the listing announced.
+    #[error(
+        "object '{}' at {repository}@{} was {written} bytes, the listing said {expected}",
+        clip(.key, QUOTED_MAX),
+        clip(.reference, REF_MAX)
+    )]
+    WrongSize {
+        repository: String,
+        reference: String,
+        key: String,
+        written: u64,
+        expected: u64,
+    },
+}
+
+impl DownloadError {
+    /// The download of one object broke off: an object at a commit never changes, so
+    /// fetching it again from the start is safe.
+    fn interrupted(&self) -> bool {
+        matches!(self, Self::BrokeOff { .. } | Self::WrongSize { .. })
+    }
+
+    fn local(action: &'static str, path: &Path, cause: std::io::Error) -> Self {
+        Self::Local(FileError::new(action, path, cause))
+    }
+}
+
+/// What is wrong with an object key that cannot be a workspace path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyProblem(pub String);
 
 /// Longest file or directory name Linux allows (`NAME_MAX`), in bytes.
 pub const NAME_MAX: usize = 255;
@@ -73,35 +135,38 @@ fn key_problem(key: &str) -> Option<String> {
 /// Project one object key onto its workspace-relative path: `Ok(None)` when the key is not
 /// part of the workspace (outside the prefix, an attempt marker), `Err` naming what is wrong
 /// with a key that fails the attempt.
-pub fn project(key: &str, prefix: &str) -> Result<Option<String>, String> {
+pub fn project(key: &str, prefix: &str) -> Result<Option<String>, KeyProblem> {
     if let Some(problem) = key_problem(key) {
-        return Err(problem);
+        return Err(KeyProblem(problem));
     }
     let local = match object_key_to_local(key, prefix) {
         Ok(Some(local)) => local,
         Ok(None) => return Ok(None),
         // The whole key is clean, so only the part under the prefix can still be refused.
         Err(PathError::DriveQualified) => {
-            return Err(format!(
+            return Err(KeyProblem(format!(
                 "the part under the prefix starts with a drive letter ('{}')",
                 key.get(prefix.len() + 1..prefix.len() + 3).unwrap_or("?:")
-            ));
+            )));
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(KeyProblem(e.to_string())),
     };
     if let Some(segment) = local.split('/').find(|s| s.len() > NAME_MAX) {
-        return Err(format!(
+        return Err(KeyProblem(format!(
             "a segment ('{}') is {} bytes long, more than the {NAME_MAX} bytes a file or directory name may have",
             clip(segment, 24),
             segment.len()
-        ));
+        )));
     }
     Ok(Some(local))
 }
 
 /// The local paths of a listing, in sorted key order, refusing hostile keys and
 /// file-versus-directory collisions (keys `a` and `a/b`).
-pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, ObjectEntry)>, String> {
+pub fn plan(
+    entries: &[ObjectEntry],
+    prefix: &str,
+) -> Result<Vec<(String, ObjectEntry)>, DownloadError> {
     let mut sorted: Vec<&ObjectEntry> = entries.iter().collect();
     sorted.sort_by(|a, b| a.path.cmp(&b.path));
     let mut out = Vec::with_capacity(sorted.len());
@@ -113,10 +178,10 @@ pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, Object
             Ok(Some(local)) => out.push((local, entry.clone())),
             Ok(None) => {}
             Err(why) => {
-                return Err(format!(
-                    "object key '{}' cannot be projected into the workspace: {why}",
-                    clip(&entry.path, QUOTED_MAX)
-                ));
+                return Err(DownloadError::Unprojectable {
+                    key: entry.path.clone(),
+                    why,
+                });
             }
         }
     }
@@ -125,11 +190,10 @@ pub fn plan(entries: &[ObjectEntry], prefix: &str) -> Result<Vec<(String, Object
         let mut parent = local.as_str();
         while let Some((p, _)) = parent.rsplit_once('/') {
             if files.contains(p) {
-                return Err(format!(
-                    "object keys for '{}' and '{}' collide: one would be a file and a directory at once",
-                    clip(p, QUOTED_MAX),
-                    clip(local, QUOTED_MAX)
-                ));
+                return Err(DownloadError::Collision {
+                    file: p.to_owned(),
+                    inside: local.clone(),
+                });
             }
             parent = p;
         }
@@ -146,20 +210,20 @@ pub async fn download(
     dir: &Path,
     parallelism: usize,
     object_timeout: Duration,
-) -> Result<Manifest, String> {
+) -> Result<Manifest, DownloadError> {
     let entries = client
         .list_objects(repository, reference, listing_prefix(prefix))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let planned = plan(&entries, prefix)?;
     for (local, _) in &planned {
         if let Some(parent) = Path::new(local)
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
         {
-            tokio::fs::create_dir_all(dir.join(parent))
+            let parent = dir.join(parent);
+            tokio::fs::create_dir_all(&parent)
                 .await
-                .map_err(|e| format!("creating {} failed: {e}", clip_path(&dir.join(parent))))?;
+                .map_err(|e| DownloadError::local("creating", &parent, e))?;
         }
     }
     let mut manifest = Manifest::default();
@@ -175,7 +239,7 @@ pub async fn download(
                 object_timeout,
             )
             .await?;
-            Ok::<_, String>((local, entry.checksum, size))
+            Ok::<_, DownloadError>((local, entry.checksum, size))
         }
     }))
     .buffer_unordered(parallelism.max(1));
@@ -186,14 +250,6 @@ pub async fn download(
     Ok(manifest)
 }
 
-/// Why one fetch of an object ended without it.
-enum FetchError {
-    /// The answer broke off while its body was read: the object at a commit never changes,
-    /// so fetching it again is safe.
-    Interrupted(String),
-    Failed(String),
-}
-
 /// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
 /// with the retry policy's backoff) from the start.
 async fn fetch(
@@ -201,27 +257,27 @@ async fn fetch(
     repository: &str,
     reference: &str,
     entry: &ObjectEntry,
-    target: &PathBuf,
+    target: &Path,
     timeout: Duration,
-) -> Result<u64, String> {
+) -> Result<u64, DownloadError> {
     let mut delays = crate::retry::lakefs_call().build();
     let mut retries = 0u32;
     loop {
         match fetch_once(client, repository, reference, entry, target, timeout).await {
             Ok(written) => return Ok(written),
-            Err(FetchError::Interrupted(reason)) => {
+            Err(e) if e.interrupted() => {
                 let Some(delay) = delays.next() else {
-                    return Err(reason);
+                    return Err(e);
                 };
                 retries += 1;
-                tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %reason,
+                tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %e,
                     "the download of an object broke off; fetching it again");
-                if let Err(e) = tokio::fs::remove_file(target).await {
-                    return Err(format!("removing {} failed: {e}", clip_path(target)));
-                }
+                tokio::fs::remove_file(target)
+                    .await
+                    .map_err(|e| DownloadError::local("removing", target, e))?;
                 tokio::time::sleep(delay).await;
             }
-            Err(FetchError::Failed(reason)) => return Err(reason),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -231,31 +287,30 @@ async fn fetch_once(
     repository: &str,
     reference: &str,
     entry: &ObjectEntry,
-    target: &PathBuf,
+    target: &Path,
     timeout: Duration,
-) -> Result<u64, FetchError> {
+) -> Result<u64, DownloadError> {
     let mut response = client
         .get_object(repository, reference, &entry.path, timeout)
-        .await
-        .map_err(|e| FetchError::Failed(e.to_string()))?;
+        .await?;
     let mut file = tokio::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(target)
         .await
-        .map_err(|e| FetchError::Failed(format!("creating {} failed: {e}", clip_path(target))))?;
-    let written_failed = |e: std::io::Error| {
-        FetchError::Failed(format!("writing {} failed: {e}", clip_path(target)))
-    };
+        .map_err(|e| DownloadError::local("creating", target, e))?;
+    let written_failed = |e| DownloadError::local("writing", target, e);
     let mut written = 0u64;
-    while let Some(chunk) = response.chunk().await.map_err(|e| {
-        FetchError::Interrupted(format!(
-            "lakeFS get object on {repository}@{} failed while reading '{}': {}",
-            clip(reference, crate::lakefs::REF_MAX),
-            clip(&entry.path, QUOTED_MAX),
-            request_error(e)
-        ))
-    })? {
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| DownloadError::BrokeOff {
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            key: entry.path.clone(),
+            cause: request_error(e),
+        })?
+    {
         written += chunk.len() as u64;
         file.write_all(&chunk).await.map_err(written_failed)?;
     }
@@ -263,11 +318,13 @@ async fn fetch_once(
     if let Some(expected) = entry.size_bytes
         && expected != written
     {
-        return Err(FetchError::Interrupted(format!(
-            "object '{}' at {repository}@{} was {written} bytes, the listing said {expected}",
-            clip(&entry.path, QUOTED_MAX),
-            clip(reference, crate::lakefs::REF_MAX)
-        )));
+        return Err(DownloadError::WrongSize {
+            repository: repository.to_owned(),
+            reference: reference.to_owned(),
+            key: entry.path.clone(),
+            written,
+            expected,
+        });
     }
     Ok(written)
 }
@@ -326,7 +383,7 @@ mod tests {
                 "a segment ('nnnnnnnnnnnn…nnnnnnn.txt') is 300 bytes long, more than the 255 bytes a file or directory name may have",
             ),
         ] {
-            let err = plan(&[entry(bad)], "data").unwrap_err();
+            let err = plan(&[entry(bad)], "data").unwrap_err().to_string();
             let quoted = clip(bad, QUOTED_MAX);
             assert_eq!(
                 err,
@@ -343,7 +400,9 @@ mod tests {
         // A name of exactly 255 bytes is a valid file name.
         let max_name = format!("data/{}", "n".repeat(255));
         assert_eq!(plan(&[entry(&max_name)], "data").unwrap().len(), 1);
-        let err = plan(&[entry("a"), entry("a/b")], "/").unwrap_err();
+        let err = plan(&[entry("a"), entry("a/b")], "/")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("collide"), "{err}");
     }
 }

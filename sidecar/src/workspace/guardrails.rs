@@ -58,13 +58,50 @@ enum Segment {
     Name(GlobMatcher),
 }
 
+/// Why a phase's guardrails refused the workspace (the reference's texts).
+#[derive(Debug, thiserror::Error)]
+pub enum GuardrailError {
+    #[error("{phase} guardrail {}('{path}') {violation}", .kind.message_name())]
+    Violated {
+        phase: &'static str,
+        kind: GuardrailKind,
+        path: String,
+        violation: Violation,
+    },
+    #[error("invalid guardrail pattern '{pattern}': {cause}")]
+    Pattern {
+        pattern: String,
+        cause: globset::Error,
+    },
+    /// The blocking check itself ended abnormally.
+    #[error("{phase} guardrails stopped: {cause}")]
+    Stopped { phase: &'static str, cause: String },
+}
+
+/// What one guardrail found wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Violation {
+    #[error("did not find a file")]
+    NoFile,
+    #[error("did not find a directory")]
+    NoDirectory,
+    #[error("could not read the workspace: {0}")]
+    Unreadable(std::io::Error),
+    #[error("matched {0} files")]
+    Forbidden(usize),
+    #[error("matched {found} files; min_count={min}")]
+    TooFew { found: i64, min: i64 },
+    #[error("matched {found} files; max_count={max}")]
+    TooMany { found: i64, max: i64 },
+}
+
 /// A compiled guardrail pattern.
 pub struct Pattern {
     segments: Vec<Segment>,
 }
 
 impl Pattern {
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub fn new(pattern: &str) -> Result<Self, GuardrailError> {
         let segments = pattern
             .split('/')
             .map(|s| {
@@ -73,7 +110,10 @@ impl Pattern {
                 } else {
                     Glob::new(s)
                         .map(|g| Segment::Name(g.compile_matcher()))
-                        .map_err(|e| format!("invalid guardrail pattern '{pattern}': {e}"))
+                        .map_err(|cause| GuardrailError::Pattern {
+                            pattern: pattern.to_owned(),
+                            cause,
+                        })
                 }
             })
             .collect::<Result<_, _>>()?;
@@ -122,60 +162,54 @@ fn matches(pattern: &[Segment], path: &[&str], is_dir: bool) -> bool {
     below[0]
 }
 
-/// Run one phase's guardrails in order; the first failure's message is returned.
-pub fn check(phase: &str, guardrails: &[Guardrail], root: &Path) -> Result<(), String> {
+/// Run one phase's guardrails in order; the first failure is returned.
+pub fn check(
+    phase: &'static str,
+    guardrails: &[Guardrail],
+    root: &Path,
+) -> Result<(), GuardrailError> {
     if guardrails.is_empty() {
         return Ok(());
     }
     let mut entries: Option<Vec<Entry>> = None;
     for g in guardrails {
-        let name = g.kind.message_name();
-        let path = &g.path;
+        let violated = |violation| GuardrailError::Violated {
+            phase,
+            kind: g.kind,
+            path: g.path.clone(),
+            violation,
+        };
         match g.kind {
             GuardrailKind::RequireFile => {
-                if !root.join(path).is_file() {
-                    return Err(format!(
-                        "{phase} guardrail {name}('{path}') did not find a file"
-                    ));
+                if !root.join(&g.path).is_file() {
+                    return Err(violated(Violation::NoFile));
                 }
             }
             GuardrailKind::RequireDir => {
-                if !root.join(path).is_dir() {
-                    return Err(format!(
-                        "{phase} guardrail {name}('{path}') did not find a directory"
-                    ));
+                if !root.join(&g.path).is_dir() {
+                    return Err(violated(Violation::NoDirectory));
                 }
             }
             GuardrailKind::RequireGlob | GuardrailKind::ForbidGlob => {
                 if entries.is_none() {
-                    entries = Some(walk(root).map_err(|e| {
-                        format!(
-                            "{phase} guardrail {name}('{path}') could not read the workspace: {e}"
-                        )
-                    })?);
+                    entries = Some(walk(root).map_err(|e| violated(Violation::Unreadable(e)))?);
                 }
-                let n = Pattern::new(path)?.count(entries.as_deref().unwrap_or_default());
+                let n = Pattern::new(&g.path)?.count(entries.as_deref().unwrap_or_default());
                 if g.kind == GuardrailKind::ForbidGlob {
                     if n > 0 {
-                        return Err(format!(
-                            "{phase} guardrail {name}('{path}') matched {n} files"
-                        ));
+                        return Err(violated(Violation::Forbidden(n)));
                     }
                     continue;
                 }
-                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                let found = i64::try_from(n).unwrap_or(i64::MAX);
                 let min = g.min_count.unwrap_or(1);
-                if n < min {
-                    return Err(format!(
-                        "{phase} guardrail {name}('{path}') matched {n} files; min_count={min}"
-                    ));
+                if found < min {
+                    return Err(violated(Violation::TooFew { found, min }));
                 }
                 if let Some(max) = g.max_count
-                    && n > max
+                    && found > max
                 {
-                    return Err(format!(
-                        "{phase} guardrail {name}('{path}') matched {n} files; max_count={max}"
-                    ));
+                    return Err(violated(Violation::TooMany { found, max }));
                 }
             }
         }
@@ -332,7 +366,7 @@ mod tests {
             ),
         ];
         for (g, message) in cases {
-            assert_eq!(check("pre", &[g], r).unwrap_err(), message);
+            assert_eq!(check("pre", &[g], r).unwrap_err().to_string(), message);
         }
         let ok = [
             guardrail(RequireFile, "linkdir/a.parquet", None, None),
@@ -346,6 +380,11 @@ mod tests {
             guardrail(RequireDir, "nope", None, None),
             guardrail(RequireFile, "nope", None, None),
         ];
-        assert!(check("post", &both, r).unwrap_err().contains("require_dir"));
+        assert!(
+            check("post", &both, r)
+                .unwrap_err()
+                .to_string()
+                .contains("require_dir")
+        );
     }
 }

@@ -5,6 +5,8 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::input::InputError;
+
 const BLANK: &str = "workspace repository, branch, and ref must not be blank";
 const FIELDS: [&str; 4] = ["repository", "branch", "refType", "ref"];
 
@@ -20,9 +22,15 @@ pub struct WorkspaceRef {
 
 impl WorkspaceRef {
     /// Check a `workspace` input value; the error names every problem with its field.
-    pub fn parse(value: &Value) -> Result<Self, String> {
+    pub fn parse(value: &Value) -> Result<Self, InputError> {
+        let invalid = |problems| InputError::Invalid {
+            what: "workspace",
+            problems,
+        };
         let Some(map) = value.as_object() else {
-            return Err("invalid workspace: workspace: Input should be a valid dictionary".into());
+            return Err(invalid(vec![
+                "workspace: Input should be a valid dictionary".into(),
+            ]));
         };
         let mut problems = Vec::new();
         for key in map.keys().filter(|k| !FIELDS.contains(&k.as_str())) {
@@ -59,7 +67,7 @@ impl WorkspaceRef {
             problems.push(format!("workspace: Value error, {BLANK}"));
         }
         if !problems.is_empty() {
-            return Err(format!("invalid workspace: {}", problems.join("; ")));
+            return Err(invalid(problems));
         }
         Ok(Self {
             repository,
@@ -120,7 +128,11 @@ mod tests {
             ),
         ];
         for (value, message) in cases {
-            assert_eq!(WorkspaceRef::parse(&value).unwrap_err(), message, "{value}");
+            assert_eq!(
+                WorkspaceRef::parse(&value).unwrap_err().to_string(),
+                message,
+                "{value}"
+            );
         }
     }
 }

@@ -8,10 +8,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use perago_contract::paths::{listing_prefix, local_to_object_key};
+use perago_contract::paths::{PathError, listing_prefix, local_to_object_key};
 
 use crate::attempt::AttemptSnapshot;
-use crate::lakefs::{Commit, LakeFsClient};
+use crate::lakefs::{Commit, LakeFsClient, LakeFsError};
+use crate::outcome::{QUOTED_MAX, clip};
 use crate::workspace::download;
 use crate::workspace::input::WorkspaceRef;
 use crate::workspace::snapshot::{Kind, Snapshot};
@@ -175,6 +176,40 @@ pub struct PublishBase {
     pub supersedes: Option<String>,
 }
 
+/// Why the publish fence cannot explain the target branch's history since the input ref.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    #[error(transparent)]
+    LakeFs(#[from] LakeFsError),
+    #[error("{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)")]
+    BeyondRange { branch: String },
+    #[error("{branch} no longer contains workspace input ref {input}")]
+    InputGone { branch: String, input: String },
+    /// Something other than this logical task's confirm commits is on top of the input ref.
+    #[error("{branch} advanced from {input} to {head}")]
+    Advanced {
+        branch: String,
+        input: String,
+        head: String,
+    },
+}
+
+/// Why the workspace could not be staged.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error(transparent)]
+    LakeFs(#[from] LakeFsError),
+    #[error("workspace publication does not support symlinks: {path}")]
+    Symlink { path: String },
+    #[error("workspace path '{}' cannot be published: {cause}", clip(.path, QUOTED_MAX))]
+    Unpublishable { path: String, cause: PathError },
+    #[error(
+        "workspace path '{path}' cannot be published: {} is reserved for lakeFS actions",
+        download::ACTIONS_DIR
+    )]
+    Reserved { path: String },
+}
+
 /// Classify the first-parent history from head `head` (newest first, as lakeFS returns it,
 /// stopping at the input ref inclusive). `more` says lakeFS had more commits to give.
 pub fn classify(
@@ -184,7 +219,7 @@ pub fn classify(
     history: &[Commit],
     more: bool,
     logical_key: &str,
-) -> Result<PublishBase, String> {
+) -> Result<PublishBase, FenceError> {
     if head == input_ref {
         return Ok(PublishBase {
             base: input_ref.to_owned(),
@@ -193,21 +228,22 @@ pub fn classify(
     }
     let reached = history.iter().position(|c| c.id == input_ref);
     let range = match reached {
-        Some(i) if i > PUBLISH_RANGE => {
-            return Err(format!(
-                "{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)"
-            ));
+        Some(i) if i <= PUBLISH_RANGE => &history[..i],
+        Some(_) => {
+            return Err(FenceError::BeyondRange {
+                branch: branch.to_owned(),
+            });
         }
-        Some(i) => &history[..i],
         None if history.len() > PUBLISH_RANGE || more => {
-            return Err(format!(
-                "{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)"
-            ));
+            return Err(FenceError::BeyondRange {
+                branch: branch.to_owned(),
+            });
         }
         None => {
-            return Err(format!(
-                "{branch} no longer contains workspace input ref {input_ref}"
-            ));
+            return Err(FenceError::InputGone {
+                branch: branch.to_owned(),
+                input: input_ref.to_owned(),
+            });
         }
     };
     let same_task = |c: &Commit| super::history::confirm_of(c) == Some(logical_key);
@@ -217,7 +253,11 @@ pub fn classify(
             supersedes: Some(head.to_owned()),
         })
     } else {
-        Err(format!("{branch} advanced from {input_ref} to {head}"))
+        Err(FenceError::Advanced {
+            branch: branch.to_owned(),
+            input: input_ref.to_owned(),
+            head: head.to_owned(),
+        })
     }
 }
 
@@ -226,19 +266,15 @@ pub async fn publish_fence(
     client: &LakeFsClient,
     ws: &WorkspaceRef,
     logical_key: &str,
-) -> Result<PublishBase, String> {
-    let head = client
-        .branch_head(&ws.repository, &ws.branch)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<PublishBase, FenceError> {
+    let head = client.branch_head(&ws.repository, &ws.branch).await?;
     if head == ws.reference {
         return classify(&ws.branch, &ws.reference, &head, &[], false, logical_key);
     }
     // The range, plus the input ref itself, plus one to tell "over the bound" apart.
     let (history, more) = client
         .first_parent_log(&ws.repository, &head, &ws.reference, PUBLISH_RANGE + 2)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     classify(
         &ws.branch,
         &ws.reference,
@@ -264,28 +300,24 @@ pub fn plan(
     workspace: &Snapshot,
     base: &BTreeMap<String, String>,
     prefix: &str,
-) -> Result<StagePlan, String> {
+) -> Result<StagePlan, StageError> {
     let mut plan = StagePlan::default();
     let mut local_keys = BTreeSet::new();
     for item in workspace {
         if item.kind == Kind::Symlink {
-            return Err(format!(
-                "workspace publication does not support symlinks: {}",
-                item.path
-            ));
+            return Err(StageError::Symlink {
+                path: item.path.clone(),
+            });
         }
-        let key = local_to_object_key(&item.path, prefix).map_err(|e| {
-            format!(
-                "workspace path '{}' cannot be published: {e}",
-                crate::outcome::clip(&item.path, crate::outcome::QUOTED_MAX)
-            )
-        })?;
+        let key =
+            local_to_object_key(&item.path, prefix).map_err(|cause| StageError::Unpublishable {
+                path: item.path.clone(),
+                cause,
+            })?;
         if download::is_reserved(&key, prefix) {
-            return Err(format!(
-                "workspace path '{}' cannot be published: {} is reserved for lakeFS actions",
-                item.path,
-                download::ACTIONS_DIR
-            ));
+            return Err(StageError::Reserved {
+                path: item.path.clone(),
+            });
         }
         if base.get(&key) != Some(&item.md5) {
             plan.uploads.push((key.clone(), item.path.clone()));
@@ -307,11 +339,10 @@ pub async fn base_objects(
     repository: &str,
     base: &str,
     prefix: &str,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, LakeFsError> {
     let entries = client
         .list_objects(repository, base, listing_prefix(prefix))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut out = BTreeMap::new();
     for e in entries {
         // Keys outside the prefix, marker files and keys the projection refuses are never
@@ -335,11 +366,10 @@ pub async fn apply(
     workspace_dir: &Path,
     parallelism: usize,
     object_timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), LakeFsError> {
     client
         .delete_objects(repository, staging, &plan.deletes)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut uploads =
         futures_util::stream::iter(plan.uploads.clone().into_iter().map(|(key, local)| {
             let file = workspace_dir.join(local);
@@ -348,7 +378,6 @@ pub async fn apply(
                     .upload(repository, staging, &key, &file, object_timeout)
                     .await
                     .map(drop)
-                    .map_err(|e| e.to_string())
             }
         }))
         .buffer_unordered(parallelism.max(1));
@@ -459,7 +488,9 @@ mod tests {
         );
         let foreign = [commit("H", "confirm", "other"), commit("A", "", "")];
         assert_eq!(
-            classify("main", "A", "H", &foreign, false, k).unwrap_err(),
+            classify("main", "A", "H", &foreign, false, k)
+                .unwrap_err()
+                .to_string(),
             "main advanced from A to H"
         );
         let mixed = [
@@ -468,7 +499,9 @@ mod tests {
             commit("A", "", ""),
         ];
         assert_eq!(
-            classify("main", "A", "H2", &mixed, false, k).unwrap_err(),
+            classify("main", "A", "H2", &mixed, false, k)
+                .unwrap_err()
+                .to_string(),
             "main advanced from A to H2"
         );
         let try_commit = [commit("H", "try", k), commit("A", "", "")];
@@ -478,7 +511,9 @@ mod tests {
         );
         let lost = [commit("H", "confirm", k), commit("root", "", "")];
         assert_eq!(
-            classify("main", "A", "H", &lost, false, k).unwrap_err(),
+            classify("main", "A", "H", &lost, false, k)
+                .unwrap_err()
+                .to_string(),
             "main no longer contains workspace input ref A"
         );
         let mut long: Vec<Commit> = (0..=PUBLISH_RANGE)
@@ -486,7 +521,9 @@ mod tests {
             .collect();
         long.push(commit("A", "", ""));
         assert_eq!(
-            classify("main", "A", "C0", &long, false, k).unwrap_err(),
+            classify("main", "A", "C0", &long, false, k)
+                .unwrap_err()
+                .to_string(),
             "main advanced beyond supported publish range (1024 commits)"
         );
         long.remove(0);
@@ -497,6 +534,7 @@ mod tests {
         assert!(
             classify("main", "A", "C1", &long[..10], true, k)
                 .unwrap_err()
+                .to_string()
                 .contains("beyond")
         );
     }
@@ -538,7 +576,7 @@ mod tests {
             size: 0,
         }];
         assert_eq!(
-            plan(&link, &base, "data").unwrap_err(),
+            plan(&link, &base, "data").unwrap_err().to_string(),
             "workspace publication does not support symlinks: l"
         );
     }
