@@ -17,7 +17,7 @@
 use libfuzzer_sys::fuzz_target;
 use perago_fuzz::stays_inside;
 use perago_sidecar::attempt::{AttemptSnapshot, report_identity};
-use perago_sidecar::conductor::{ConductorError, answer, polled_tasks};
+use perago_conductor::{ConductorError, ErrorKind, answer, polled_tasks};
 use perago_sidecar::execution::safe;
 use perago_sidecar::workspace::publish::{is_step_branch, staging_branch};
 use reqwest::StatusCode;
@@ -113,10 +113,10 @@ fuzz_target!(|data: &[u8]| {
     };
     let text = String::from_utf8_lossy(body).into_owned();
     let decoded = match answer("get task", status, text.clone()) {
-        Err(ConductorError::Status {
+        Err(ConductorError {
             call,
-            status: s,
-            body,
+            task_def: None,
+            kind: ErrorKind::Status { status: s, body },
         }) => {
             assert!(!status.is_success());
             assert_eq!((call, s), ("get task", status));

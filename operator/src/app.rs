@@ -270,7 +270,7 @@ fn run(
             .await
             .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
         start_webhook(&client, webhook, &process.lease_namespace, &metrics);
-        let conductor = conductor::MetadataClient::new(
+        let conductor = conductor::Conductors::new(
             std::time::Duration::from_secs(timeout.max(1)),
             Some(metrics.conductor_calls.clone()),
             credentials,

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use perago_api::task::{DeletionPolicy, ScaleDecision};
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
-use crate::conductor::{MetadataClient, holds};
+use crate::conductor::{ConductorError, Conductors, holds};
 use crate::render::{self, Defaults, TASK_LABEL};
 use crate::scaling;
 
@@ -31,7 +31,7 @@ const SCALING_MANAGER: &str = "perago-operator-scaling";
 
 pub struct Context {
     pub client: Client,
-    pub conductor: MetadataClient,
+    pub conductor: Conductors,
     /// The task's `spec.conductor.url` wins over the default in `defaults`.
     pub defaults: Defaults,
     pub recorder: Recorder,
@@ -51,7 +51,7 @@ pub struct Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{0}")]
-    Conductor(#[from] crate::conductor::MetadataError),
+    Conductor(#[from] ConductorError),
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("{0}")]
@@ -170,11 +170,12 @@ async fn register_task_def(
     task: &PeragoTask,
     base: &str,
     doc: &serde_json::Value,
-) -> Result<(), crate::conductor::MetadataError> {
+) -> Result<(), ConductorError> {
     let name = &task.spec.task_name;
-    match ctx.conductor.get(base, name).await? {
+    let conductor = ctx.conductor.at(base);
+    match conductor.task_def(name).await? {
         None => {
-            ctx.conductor.create(base, name, doc).await?;
+            conductor.create_task_def(name, doc).await?;
             info!(task_def = %name, "registered the TaskDef");
             publish_event(
                 ctx,
@@ -186,7 +187,7 @@ async fn register_task_def(
             .await;
         }
         Some(stored) if !holds(&stored, doc) => {
-            ctx.conductor.update(base, name, doc).await?;
+            conductor.update_task_def(name, doc).await?;
             info!(task_def = %name, "repaired the TaskDef");
             publish_event(
                 ctx,
@@ -210,10 +211,12 @@ async fn conductor_unavailable(
     task: &PeragoTask,
     ctx: &Context,
     old: &PeragoTaskStatus,
-    error: crate::conductor::MetadataError,
+    error: ConductorError,
 ) -> Error {
     const REASON: &str = "ConductorUnavailable";
-    let message = error.to_string();
+    // The client's errors leave the URL out (a pod's failure reasons are cut to a length);
+    // here the server is named, so a wrong `spec.conductor.url` shows.
+    let message = format!("{error} (Conductor {})", conductor_url(task, ctx));
     let generation = task.metadata.generation;
     let repeated = old
         .conditions
@@ -482,7 +485,8 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
     ctx.metrics.forget_task(&task);
     if task.spec.deletion_policy == DeletionPolicy::Delete {
         ctx.conductor
-            .delete(&conductor_url(&task, ctx), &task.spec.task_name)
+            .at(&conductor_url(&task, ctx))
+            .delete_task_def(&task.spec.task_name)
             .await?;
         info!(task_def = %task.spec.task_name, "deleted the TaskDef (deletionPolicy: Delete)");
     }

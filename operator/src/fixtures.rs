@@ -15,7 +15,7 @@ use perago_api::PeragoTask;
 use serde_json::Value;
 use tower_test::mock::{Handle, SendResponse};
 
-use crate::conductor::MetadataClient;
+use crate::conductor::Conductors;
 use crate::controller::{Context, reporter};
 use crate::render::Defaults;
 use crate::scaling::QueueWatch;
@@ -50,7 +50,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
     let context = Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client,
-        conductor: MetadataClient::new(Duration::from_millis(200), None, None).unwrap(),
+        conductor: Conductors::new(Duration::from_millis(200), None, None).unwrap(),
         defaults: Defaults {
             conductor_url: Some("http://127.0.0.1:9/api".into()),
             lakefs_endpoint: None,

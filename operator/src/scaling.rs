@@ -17,7 +17,7 @@ use tracing::{info, warn};
 use perago_api::PeragoTask;
 use perago_api::task::AutoscalingSpec;
 
-use crate::conductor::MetadataError;
+use crate::conductor::ConductorError;
 use crate::controller::{Context, Error, conductor_url};
 use crate::render;
 
@@ -199,10 +199,10 @@ pub async fn queued(
     base: &str,
     task_type: &str,
     running: i64,
-) -> Result<i64, MetadataError> {
+) -> Result<i64, ConductorError> {
     match ctx.queues.fresh(base, task_type) {
         Some(size) if running == 0 || size == 0 => Ok(size),
-        _ => ctx.conductor.queue_depth(base, task_type).await,
+        _ => ctx.conductor.at(base).queue_size(task_type).await,
     }
 }
 
@@ -248,7 +248,7 @@ pub async fn watch_queues(
         }
         let reads = by_conductor.into_iter().map(|(base, tasks)| {
             let ctx = &ctx;
-            async move { (ctx.conductor.queue_sizes(&base).await, base, tasks) }
+            async move { (ctx.conductor.at(&base).queue_sizes().await, base, tasks) }
         });
         for (sizes, base, tasks) in futures_util::future::join_all(reads).await {
             let sizes = match sizes {

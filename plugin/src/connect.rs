@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use perago_sidecar::conductor::{ConductorClient, Credentials};
+use perago_conductor::{ConductorClient, Credentials};
 use perago_sidecar::lakefs::LakeFsClient;
 
 use crate::Failure;

@@ -12,8 +12,8 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use perago_conductor::{Workflow, WorkflowTask};
 use perago_sidecar::attempt::AttemptSnapshot;
-use perago_sidecar::conductor::{Workflow, WorkflowTask};
 use perago_sidecar::lakefs::{Commit, LakeFsClient, LakeFsError};
 use perago_sidecar::workspace::history::confirm_of;
 use perago_sidecar::workspace::input::WorkspaceRef;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use perago_sidecar::conductor::ConductorClient;
+use perago_conductor::ConductorClient;
 use perago_sidecar::lakefs::{Commit, LakeFsClient};
 use perago_sidecar::workspace::history::{Entry, examine};
 

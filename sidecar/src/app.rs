@@ -12,7 +12,6 @@ use tracing::{info, warn};
 use perago_contract::contract::{CONTRACT_VERSION, TaskContract};
 
 use crate::broker::{Broker, TaskRuntime};
-use crate::conductor::ConductorClient;
 use crate::config::Settings;
 use crate::execution;
 use crate::input::Schemas;
@@ -23,6 +22,7 @@ use crate::telemetry::Metrics;
 use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::janitor::StagingSweep;
 use crate::workspace::{TransferLimits, WorkspaceRuntime};
+use perago_conductor::ConductorClient;
 use perago_contract::protocol::SOCKET_NAME;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.

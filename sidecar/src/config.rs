@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::conductor::Credentials;
 use crate::otlp::OtlpConfig;
+use perago_conductor::Credentials;
 
 #[derive(Args, Debug, Clone)]
 pub struct Settings {

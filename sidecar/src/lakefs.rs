@@ -18,7 +18,6 @@ use backon::Retryable;
 
 use perago_contract::url::path_segment as segment;
 
-use crate::conductor::request_error;
 use crate::outcome::clip;
 
 /// Longest ref (commit id or branch name) an error quotes in full; a commit id (64
@@ -796,6 +795,13 @@ pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<
         status,
         message,
     ))
+}
+
+/// A failed HTTP request's text with its whole cause chain but without the request URL
+/// (reqwest puts the URL, query included, before the cause; in a reason cut to
+/// `PERAGO_FAILURE_REASON_MAX_LENGTH` the cause would be lost). Callers name the call instead.
+pub(crate) fn request_error(e: reqwest::Error) -> String {
+    perago_contract::error_chain(&e.without_url())
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 pub mod app;
 pub mod attempt;
 pub mod broker;
-pub mod conductor;
 pub mod config;
 pub mod execution;
 pub mod failure;

@@ -112,7 +112,9 @@ fn start_up_errors_are_clear_and_exit_1() {
     let (code, err) = stderr_of(&mut c);
     assert_eq!(code, Some(1));
     assert!(
-        err.contains("error: failed to validate Conductor TaskDef: Conductor get TaskDef failed"),
+        err.contains(
+            "error: failed to validate Conductor TaskDef: Conductor get of TaskDef 't' failed: "
+        ),
         "{err}"
     );
     // A broken contract.

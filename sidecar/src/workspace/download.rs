@@ -14,8 +14,8 @@ use tokio::io::AsyncWriteExt;
 
 use perago_contract::paths::{PathError, listing_prefix, object_key_to_local};
 
-use crate::conductor::request_error;
 use crate::failure::FileError;
+use crate::lakefs::request_error;
 use crate::lakefs::{LakeFsClient, LakeFsError, ObjectEntry, REF_MAX};
 use crate::outcome::{QUOTED_MAX, clip};
 

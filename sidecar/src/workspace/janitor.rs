@@ -21,8 +21,8 @@ use serde::Serialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::conductor::{ConductorClient, ConductorError};
 use crate::lakefs::{LakeFsClient, LakeFsError};
+use perago_conductor::{ConductorClient, ConductorError};
 
 /// Every staging branch's name starts so (see `publish::staging_branch`).
 pub const STAGING_PREFIX: &str = "perago-staging-";

@@ -1,0 +1,12 @@
+//! The Conductor client of the operator, the sidecar and `kubectl perago`: one client per
+//! Conductor, every call with a timeout, an Orkes token fetched once and refreshed on 401,
+//! percent-encoded path segments, and one error type that names the call.
+
+mod client;
+mod error;
+mod workflow;
+
+pub use client::{CallObserver, CallOutcome, ConductorClient, answer, http_client, polled_tasks};
+pub use error::{ConductorError, ErrorKind};
+pub use perago_contract::ConductorCredentials as Credentials;
+pub use workflow::{Workflow, WorkflowTask};
