@@ -15,9 +15,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use perago_conductor::{ConductorError, ErrorKind, answer, polled_tasks};
 use perago_fuzz::stays_inside;
 use perago_sidecar::attempt::{AttemptSnapshot, report_identity};
-use perago_conductor::{ConductorError, ErrorKind, answer, polled_tasks};
 use perago_sidecar::execution::safe;
 use perago_sidecar::workspace::publish::{is_step_branch, staging_branch};
 use reqwest::StatusCode;

@@ -244,14 +244,7 @@ fn run(
     credentials: Option<conductor::Credentials>,
     webhook: WebhookArgs,
 ) -> Result<(), String> {
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            std::env::var("PERAGO_LOG").unwrap_or_else(|_| "info".into()),
-        ))
-        .with_writer(std::io::stderr)
-        .try_init();
+    perago_telemetry::init_logging();
     // rustls is built without a default crypto provider: ring, as for the Kubernetes client.
     let _ = rustls::crypto::ring::default_provider().install_default();
     if defaults.conductor_url.is_none() {

@@ -4,10 +4,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::routing::get;
 use kube::ResourceExt;
 use perago_api::PeragoTask;
 use prometheus::{
@@ -126,34 +122,24 @@ fn task_labels(task: &PeragoTask) -> [String; 2] {
     [task.namespace().unwrap_or_default(), task.name_any()]
 }
 
-async fn metrics(State(m): State<Arc<Metrics>>) -> impl axum::response::IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        m.render(),
-    )
-}
-
 /// Ready means: leading and reconciling, or a healthy standby waiting for the lease.
-async fn readyz(State(m): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
-    if m.ready.load(Ordering::Relaxed) && m.webhook_ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+#[derive(Clone)]
+struct Probes(Arc<Metrics>);
+
+impl perago_telemetry::Observed for Probes {
+    fn render_metrics(&self) -> String {
+        self.0.render()
+    }
+
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.0.ready.load(Ordering::Relaxed) && self.0.webhook_ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("starting")
+        }
     }
 }
 
-pub async fn serve(addr: SocketAddr, metrics_: Arc<Metrics>) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(metrics_);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the HTTP server stopped");
-        }
-    });
-    Ok(bound)
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    perago_telemetry::serve(addr, perago_telemetry::router().with_state(Probes(metrics))).await
 }

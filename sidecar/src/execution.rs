@@ -26,23 +26,8 @@ pub const EXECUTIONS: &str = "executions";
 
 /// `[A-Za-z0-9_.=-]` kept, other runs replaced by `_`, `.`/`_` trimmed at both ends.
 pub fn safe(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut in_run = false;
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '=' | '-') {
-            out.push(c);
-            in_run = false;
-        } else if !in_run {
-            out.push('_');
-            in_run = true;
-        }
-    }
-    let trimmed = out.trim_matches(|c| c == '.' || c == '_');
-    if trimmed.is_empty() {
-        "unknown".into()
-    } else {
-        trimmed.to_owned()
-    }
+    let keep = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '=' | '-');
+    crate::names::sanitized(text, keep, '_', ['.', '_']).unwrap_or_else(|| "unknown".into())
 }
 
 /// The execution directory of one attempt, created fresh (a collision fails the attempt) and

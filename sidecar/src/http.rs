@@ -7,10 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::sync::watch;
 
@@ -24,27 +21,19 @@ struct Shared {
     stopping: watch::Receiver<bool>,
 }
 
-async fn render_metrics(State(s): State<Shared>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
-    )
-}
+impl perago_telemetry::Observed for Shared {
+    fn render_metrics(&self) -> String {
+        self.metrics.render()
+    }
 
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
-    if *s.stopping.borrow() {
-        (StatusCode::SERVICE_UNAVAILABLE, "stopping\n")
-    } else if !s.hub.connected() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no task-body runner connected\n",
-        )
-    } else {
-        (StatusCode::OK, "ok\n")
+    fn readiness(&self) -> Result<(), &'static str> {
+        if *self.stopping.borrow() {
+            Err("stopping")
+        } else if !self.hub.connected() {
+            Err("no task-body runner connected")
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -64,22 +53,12 @@ pub async fn serve(
     hub: Arc<RunnerHub>,
     stopping: watch::Receiver<bool>,
 ) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(render_metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let app = perago_telemetry::router()
         .route("/slots", get(slots))
         .with_state(Shared {
             metrics,
             hub,
             stopping,
         });
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the HTTP server stopped");
-        }
-    });
-    Ok(bound)
+    perago_telemetry::serve(addr, app).await
 }

@@ -301,78 +301,61 @@ fn dotted(root: &str, pointer: &str) -> String {
 /// list items, map values and the branch of an `anyOf`/`oneOf` that fits the value best.
 /// Free-form maps (objects without `properties`) keep their keys.
 pub fn strip_undeclared(schema: &Value, value: &mut Value) {
-    let Some(schema) = schema.as_object() else {
-        return;
-    };
-    if let Some(branch) = union_branch(schema, value) {
-        strip_undeclared(branch, value);
-        return;
-    }
-    match value {
-        Value::Object(map) => {
-            let properties = declared_properties(schema);
-            if let Some(properties) = properties {
-                map.retain(|k, _| properties.contains_key(k));
-                for (key, item) in map.iter_mut() {
-                    if let Some(sub) = properties.get(key) {
-                        strip_undeclared(sub, item);
-                    }
-                }
-            } else if let Some(values) =
-                schema.get("additionalProperties").filter(|v| v.is_object())
-            {
-                for item in map.values_mut() {
-                    strip_undeclared(values, item);
-                }
-            }
-        }
-        Value::Array(items) => {
-            if let Some(item_schema) = schema.get("items") {
-                for item in items {
-                    strip_undeclared(item_schema, item);
-                }
-            }
-        }
-        _ => {}
-    }
+    each_declared_object(schema, value, &|properties, map| {
+        map.retain(|k, _| properties.contains_key(k));
+    });
 }
 
 /// Fill in the schema's `default` of every declared property the value lacks, at every level
 /// (as a Pydantic model hands defaults to Python Perago's task functions), so bodies in any
 /// language see the same params. Runs after validation; defaults are taken as declared.
 pub fn fill_defaults(schema: &Value, value: &mut Value) {
+    each_declared_object(schema, value, &|properties, map| {
+        for (key, sub) in properties {
+            if let Some(default) = sub.get("default")
+                && !map.contains_key(key)
+            {
+                map.insert(key.clone(), default.clone());
+            }
+        }
+    });
+}
+
+/// Call `at` with each object of `value` whose schema declares properties (and those
+/// properties), deepest first, following the schema as validation does: declared properties,
+/// list items, map values and the best-fitting branch of an `anyOf`/`oneOf`.
+fn each_declared_object(
+    schema: &Value,
+    value: &mut Value,
+    at: &impl Fn(&Map<String, Value>, &mut Map<String, Value>),
+) {
     let Some(schema) = schema.as_object() else {
         return;
     };
     if let Some(branch) = union_branch(schema, value) {
-        fill_defaults(branch, value);
-        return;
+        return each_declared_object(branch, value, at);
     }
     match value {
         Value::Object(map) => {
             if let Some(properties) = declared_properties(schema) {
-                for (key, sub) in &properties {
-                    match map.get_mut(key) {
-                        Some(item) => fill_defaults(sub, item),
-                        None => {
-                            if let Some(default) = sub.get("default") {
-                                map.insert(key.clone(), default.clone());
-                            }
-                        }
+                for (key, item) in map.iter_mut() {
+                    if let Some(sub) = properties.get(key) {
+                        each_declared_object(sub, item, at);
                     }
                 }
+                at(&properties, map);
             } else if let Some(values) =
                 schema.get("additionalProperties").filter(|v| v.is_object())
             {
                 for item in map.values_mut() {
-                    fill_defaults(values, item);
+                    each_declared_object(values, item, at);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
                 for item in items {
-                    fill_defaults(item_schema, item);
+                    each_declared_object(item_schema, item, at);
                 }
             }
         }

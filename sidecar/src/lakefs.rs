@@ -59,42 +59,54 @@ pub enum LakeFsError {
     },
 }
 
-impl LakeFsError {
-    fn transport(call: &'static str, repository: &str, reference: &str, e: reqwest::Error) -> Self {
-        Self::Transport {
-            call,
-            repository: repository.to_owned(),
-            reference: quoted_ref(reference),
+/// One lakeFS call, as its errors name it: what, in which repository, at which ref.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<'a> {
+    pub name: &'static str,
+    pub repository: &'a str,
+    pub reference: &'a str,
+}
+
+impl<'a> Call<'a> {
+    pub fn new(name: &'static str, repository: &'a str, reference: &'a str) -> Self {
+        Self {
+            name,
+            repository,
+            reference,
+        }
+    }
+
+    fn transport(self, e: reqwest::Error) -> LakeFsError {
+        LakeFsError::Transport {
+            call: self.name,
+            repository: self.repository.to_owned(),
+            reference: quoted_ref(self.reference),
             timeout: e.is_timeout(),
             detail: request_error(e),
         }
     }
 
-    fn status_error(
-        call: &'static str,
-        repository: &str,
-        reference: &str,
-        status: StatusCode,
-        message: String,
-    ) -> Self {
-        Self::Status {
-            call,
-            repository: repository.to_owned(),
-            reference: quoted_ref(reference),
+    fn refused(self, status: StatusCode, message: String) -> LakeFsError {
+        LakeFsError::Status {
+            call: self.name,
+            repository: self.repository.to_owned(),
+            reference: quoted_ref(self.reference),
             status,
             message,
         }
     }
 
-    fn decode(call: &'static str, repository: &str, reference: &str, detail: String) -> Self {
-        Self::Decode {
-            call,
-            repository: repository.to_owned(),
-            reference: quoted_ref(reference),
+    fn unreadable(self, detail: String) -> LakeFsError {
+        LakeFsError::Decode {
+            call: self.name,
+            repository: self.repository.to_owned(),
+            reference: quoted_ref(self.reference),
             detail,
         }
     }
+}
 
+impl LakeFsError {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             Self::Status { status, .. } => Some(*status),
@@ -241,86 +253,82 @@ impl LakeFsClient {
     /// Send once; map the answer. `Ok(body)` for success (JSON or text as a JSON string).
     async fn once(
         &self,
-        call: &'static str,
-        repository: &str,
-        reference: &str,
+        call: Call<'_>,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, LakeFsError> {
-        let response = request
-            .send()
-            .await
-            .map_err(|e| LakeFsError::transport(call, repository, reference, e))?;
+        let response = request.send().await.map_err(|e| call.transport(e))?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
         let text = response.text().await.unwrap_or_default();
-        Err(LakeFsError::status_error(
-            call,
-            repository,
-            reference,
-            status,
-            error_message(&text),
-        ))
+        Err(call.refused(status, error_message(&text)))
     }
 
     /// Send with retries on transient answers (idempotent calls only).
     async fn idempotent(
         &self,
-        call: &'static str,
-        repository: &str,
-        reference: &str,
+        call: Call<'_>,
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, LakeFsError> {
-        (|| self.once(call, repository, reference, build()))
+        (|| self.once(call, build()))
             .retry(crate::retry::lakefs_call())
             .when(LakeFsError::transient)
             .await
     }
 
     async fn json<T: serde::de::DeserializeOwned>(
-        call: &'static str,
-        repository: &str,
-        reference: &str,
+        call: Call<'_>,
         response: reqwest::Response,
     ) -> Result<T, LakeFsError> {
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| LakeFsError::transport(call, repository, reference, e))?;
-        decode(call, repository, reference, &bytes)
+        let bytes = response.bytes().await.map_err(|e| call.transport(e))?;
+        decode(call, &bytes)
     }
 
-    /// Every entry of a paginated listing filtered by `prefix`, following `next_offset`.
-    async fn list_prefixed<T: serde::de::DeserializeOwned>(
+    /// Up to `limit` entries of the paginated listing at `path` with `query`, following
+    /// `next_offset`; the flag says lakeFS has more.
+    async fn paginate<T: serde::de::DeserializeOwned>(
         &self,
-        call: &'static str,
-        repository: &str,
-        reference: &str,
+        call: Call<'_>,
         path: &str,
-        prefix: &str,
-    ) -> Result<Vec<T>, LakeFsError> {
-        let amount = PAGE.to_string();
+        query: &[(&str, &str)],
+        limit: usize,
+    ) -> Result<(Vec<T>, bool), LakeFsError> {
         let mut after = String::new();
         let mut all = Vec::new();
         loop {
+            let amount = (limit - all.len()).clamp(1, PAGE as usize).to_string();
             let response = self
-                .idempotent(call, repository, reference, || {
-                    self.request(Method::GET, path, self.timeout).query(&[
-                        ("prefix", prefix),
-                        ("after", after.as_str()),
-                        ("amount", amount.as_str()),
-                    ])
+                .idempotent(call, || {
+                    self.request(Method::GET, path, self.timeout)
+                        .query(query)
+                        .query(&[("after", after.as_str()), ("amount", amount.as_str())])
                 })
                 .await?;
-            let page: Page<T> = Self::json(call, repository, reference, response).await?;
-            let (results, next) = page.into_parts(call, repository, reference, &after)?;
+            let page: Page<T> = Self::json(call, response).await?;
+            let (results, next) = page.into_parts(call, &after)?;
             all.extend(results);
             match next {
-                Some(next) => after = next,
-                None => return Ok(all),
+                Some(next) if all.len() < limit => after = next,
+                _ => {
+                    all.truncate(limit);
+                    return Ok((all, next.is_some()));
+                }
             }
         }
+    }
+
+    /// Every entry of a paginated listing filtered by `prefix`.
+    async fn list_prefixed<T: serde::de::DeserializeOwned>(
+        &self,
+        call: Call<'_>,
+        path: &str,
+        prefix: &str,
+    ) -> Result<Vec<T>, LakeFsError> {
+        let (all, _) = self
+            .paginate(call, path, &[("prefix", prefix)], usize::MAX)
+            .await?;
+        Ok(all)
     }
 
     /// Every object under `prefix` at `reference`, recursively, following pagination.
@@ -330,15 +338,13 @@ impl LakeFsClient {
         reference: &str,
         prefix: &str,
     ) -> Result<Vec<ObjectEntry>, LakeFsError> {
-        let call = "list objects";
+        let call = Call::new("list objects", repository, reference);
         let path = format!(
             "/repositories/{}/refs/{}/objects/ls",
             segment(repository),
             segment(reference)
         );
-        let all: Vec<ObjectEntry> = self
-            .list_prefixed(call, repository, reference, &path, prefix)
-            .await?;
+        let all: Vec<ObjectEntry> = self.list_prefixed(call, &path, prefix).await?;
         Ok(all
             .into_iter()
             .filter(|e| e.path_type == "object")
@@ -358,7 +364,7 @@ impl LakeFsClient {
             segment(repository),
             segment(reference)
         );
-        self.idempotent("get object", repository, reference, || {
+        self.idempotent(Call::new("get object", repository, reference), || {
             self.request(Method::GET, &path, timeout)
                 .query(&[("path", key)])
         })
@@ -367,18 +373,16 @@ impl LakeFsClient {
 
     /// The commit a branch points at.
     pub async fn branch_head(&self, repository: &str, branch: &str) -> Result<String, LakeFsError> {
-        let call = "get branch";
+        let call = Call::new("get branch", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}",
             segment(repository),
             segment(branch)
         );
         let response = self
-            .idempotent(call, repository, branch, || {
-                self.request(Method::GET, &path, self.timeout)
-            })
+            .idempotent(call, || self.request(Method::GET, &path, self.timeout))
             .await?;
-        let answer: Value = Self::json(call, repository, branch, response).await?;
+        let answer: Value = Self::json(call, response).await?;
         branch_commit(repository, branch, &answer)
     }
 
@@ -392,9 +396,7 @@ impl LakeFsClient {
         let path = format!("/repositories/{}/branches", segment(repository));
         let body = json!({"name": name, "source": source});
         self.once(
-            "create branch",
-            repository,
-            name,
+            Call::new("create branch", repository, name),
             self.request(Method::POST, &path, self.timeout).json(&body),
         )
         .await
@@ -408,7 +410,7 @@ impl LakeFsClient {
             segment(name)
         );
         match self
-            .idempotent("delete branch", repository, name, || {
+            .idempotent(Call::new("delete branch", repository, name), || {
                 self.request(Method::DELETE, &path, self.timeout)
             })
             .await
@@ -427,7 +429,7 @@ impl LakeFsClient {
         file: &std::path::Path,
         timeout: Duration,
     ) -> Result<ObjectEntry, LakeFsError> {
-        let call = "upload object";
+        let call = Call::new("upload object", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}/objects",
             segment(repository),
@@ -438,7 +440,7 @@ impl LakeFsClient {
         let sent = (|| async {
             let opened = tokio::fs::File::open(file).await.map_err(|e| {
                 Upload::Unreadable(LakeFsError::Transport {
-                    call,
+                    call: call.name,
                     repository: repository.to_owned(),
                     reference: quoted_ref(branch),
                     timeout: false,
@@ -455,15 +457,13 @@ impl LakeFsClient {
                 // A fixed content type keeps unchanged files identical to lakeFS.
                 .header("Content-Type", "application/octet-stream")
                 .body(body);
-            self.once(call, repository, branch, request)
-                .await
-                .map_err(Upload::Refused)
+            self.once(call, request).await.map_err(Upload::Refused)
         })
         .retry(crate::retry::lakefs_call())
         .when(|e| matches!(e, Upload::Refused(e) if e.transient()))
         .await;
         match sent {
-            Ok(response) => Self::json(call, repository, branch, response).await,
+            Ok(response) => Self::json(call, response).await,
             Err(Upload::Unreadable(e) | Upload::Refused(e)) => Err(e),
         }
     }
@@ -475,7 +475,7 @@ impl LakeFsClient {
         branch: &str,
         keys: &[String],
     ) -> Result<(), LakeFsError> {
-        let call = "delete objects";
+        let call = Call::new("delete objects", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}/objects/delete",
             segment(repository),
@@ -484,11 +484,11 @@ impl LakeFsClient {
         for chunk in keys.chunks(PAGE as usize) {
             let body = json!({"paths": chunk});
             let response = self
-                .idempotent(call, repository, branch, || {
+                .idempotent(call, || {
                     self.request(Method::POST, &path, self.timeout).json(&body)
                 })
                 .await?;
-            let answer: Value = Self::json(call, repository, branch, response).await?;
+            let answer: Value = Self::json(call, response).await?;
             delete_failure(repository, branch, &answer)?;
         }
         Ok(())
@@ -502,7 +502,7 @@ impl LakeFsClient {
         message: &str,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Commit, LakeFsError> {
-        let call = "commit";
+        let call = Call::new("commit", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}/commits",
             segment(repository),
@@ -512,12 +512,10 @@ impl LakeFsClient {
         let response = self
             .once(
                 call,
-                repository,
-                branch,
                 self.request(Method::POST, &path, self.timeout).json(&body),
             )
             .await?;
-        Self::json(call, repository, branch, response).await
+        Self::json(call, response).await
     }
 
     /// Squash-merge `source` into `destination` with `metadata` on the merge commit; returns
@@ -530,7 +528,7 @@ impl LakeFsClient {
         metadata: &BTreeMap<String, String>,
         timeout: Duration,
     ) -> Result<String, LakeFsError> {
-        let call = "merge";
+        let call = Call::new("merge", repository, destination);
         let path = format!(
             "/repositories/{}/refs/{}/merge/{}",
             segment(repository),
@@ -539,14 +537,9 @@ impl LakeFsClient {
         );
         let body = json!({"metadata": metadata, "squash_merge": true});
         let response = self
-            .once(
-                call,
-                repository,
-                destination,
-                self.request(Method::POST, &path, timeout).json(&body),
-            )
+            .once(call, self.request(Method::POST, &path, timeout).json(&body))
             .await?;
-        let answer: Value = Self::json(call, repository, destination, response).await?;
+        let answer: Value = Self::json(call, response).await?;
         merge_reference(repository, destination, &answer)
     }
 
@@ -559,7 +552,7 @@ impl LakeFsClient {
         branch: &str,
         amount: u32,
     ) -> Result<(usize, bool), LakeFsError> {
-        let call = "diff branch";
+        let call = Call::new("diff branch", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}/diff",
             segment(repository),
@@ -567,12 +560,12 @@ impl LakeFsClient {
         );
         let amount = amount.clamp(1, PAGE).to_string();
         let response = self
-            .idempotent(call, repository, branch, || {
+            .idempotent(call, || {
                 self.request(Method::GET, &path, self.timeout)
                     .query(&[("amount", amount.as_str())])
             })
             .await?;
-        let page: Page<Value> = Self::json(call, repository, branch, response).await?;
+        let page: Page<Value> = Self::json(call, response).await?;
         Ok((page.results.len(), page.pagination.has_more))
     }
 
@@ -581,11 +574,9 @@ impl LakeFsClient {
         repository: &str,
         prefix: &str,
     ) -> Result<Vec<String>, LakeFsError> {
-        let call = "list branches";
+        let call = Call::new("list branches", repository, prefix);
         let path = format!("/repositories/{}/branches", segment(repository));
-        let branches: Vec<Value> = self
-            .list_prefixed(call, repository, prefix, &path, prefix)
-            .await?;
+        let branches: Vec<Value> = self.list_prefixed(call, &path, prefix).await?;
         Ok(branches
             .iter()
             .filter_map(|b| b.get("id").and_then(Value::as_str))
@@ -598,18 +589,16 @@ impl LakeFsClient {
         repository: &str,
         reference: &str,
     ) -> Result<Commit, LakeFsError> {
-        let call = "get commit";
+        let call = Call::new("get commit", repository, reference);
         let path = format!(
             "/repositories/{}/commits/{}",
             segment(repository),
             segment(reference)
         );
         let response = self
-            .idempotent(call, repository, reference, || {
-                self.request(Method::GET, &path, self.timeout)
-            })
+            .idempotent(call, || self.request(Method::GET, &path, self.timeout))
             .await?;
-        Self::json(call, repository, reference, response).await
+        Self::json(call, response).await
     }
 
     /// Up to `limit` commits of the first-parent history from `reference`, newest first,
@@ -621,37 +610,19 @@ impl LakeFsClient {
         stop_at: &str,
         limit: usize,
     ) -> Result<(Vec<Commit>, bool), LakeFsError> {
-        let call = "log commits";
+        let call = Call::new("log commits", repository, reference);
         let path = format!(
             "/repositories/{}/refs/{}/commits",
             segment(repository),
             segment(reference)
         );
-        let mut after = String::new();
-        let mut commits = Vec::new();
-        loop {
-            let amount = (limit - commits.len()).clamp(1, PAGE as usize).to_string();
-            let response = self
-                .idempotent(call, repository, reference, || {
-                    self.request(Method::GET, &path, self.timeout).query(&[
-                        ("first_parent", "true"),
-                        ("stop_at", stop_at),
-                        ("after", after.as_str()),
-                        ("amount", amount.as_str()),
-                    ])
-                })
-                .await?;
-            let page: Page<Commit> = Self::json(call, repository, reference, response).await?;
-            let (results, next) = page.into_parts(call, repository, reference, &after)?;
-            commits.extend(results);
-            match next {
-                Some(next) if commits.len() < limit => after = next,
-                _ => {
-                    commits.truncate(limit);
-                    return Ok((commits, next.is_some()));
-                }
-            }
-        }
+        self.paginate(
+            call,
+            &path,
+            &[("first_parent", "true"), ("stop_at", stop_at)],
+            limit,
+        )
+        .await
     }
 }
 
@@ -669,33 +640,21 @@ pub fn error_message(text: &str) -> String {
 /// A successful call's JSON answer as `T`.
 #[doc(hidden)] // public for the fuzz targets
 pub fn decode<T: serde::de::DeserializeOwned>(
-    call: &'static str,
-    repository: &str,
-    reference: &str,
+    call: Call<'_>,
     bytes: &[u8],
 ) -> Result<T, LakeFsError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        LakeFsError::decode(
-            call,
-            repository,
-            reference,
-            perago_contract::error_chain(&e),
-        )
-    })
+    serde_json::from_slice(bytes).map_err(|e| call.unreadable(perago_contract::error_chain(&e)))
 }
 
 /// One page of a paginated listing, listed after the offset `after`: its results, and the
 /// offset to list on from when lakeFS has more.
 #[doc(hidden)] // public for the fuzz targets
 pub fn page<T: serde::de::DeserializeOwned>(
-    call: &'static str,
-    repository: &str,
-    reference: &str,
+    call: Call<'_>,
     after: &str,
     bytes: &[u8],
 ) -> Result<(Vec<T>, Option<String>), LakeFsError> {
-    decode::<Page<T>>(call, repository, reference, bytes)?
-        .into_parts(call, repository, reference, after)
+    decode::<Page<T>>(call, bytes)?.into_parts(call, after)
 }
 
 impl<T> Page<T> {
@@ -703,9 +662,7 @@ impl<T> Page<T> {
     /// fetch the same page forever.
     fn into_parts(
         self,
-        call: &'static str,
-        repository: &str,
-        reference: &str,
+        call: Call<'_>,
         after: &str,
     ) -> Result<(Vec<T>, Option<String>), LakeFsError> {
         if !self.pagination.has_more {
@@ -722,7 +679,7 @@ impl<T> Page<T> {
         } else {
             return Ok((self.results, Some(next)));
         };
-        Err(LakeFsError::decode(call, repository, reference, problem))
+        Err(call.unreadable(problem))
     }
 }
 
@@ -738,7 +695,9 @@ pub fn branch_commit(
         .and_then(Value::as_str)
         .filter(|c| !c.is_empty())
         .map(str::to_owned)
-        .ok_or_else(|| LakeFsError::decode("get branch", repository, branch, "no commit_id".into()))
+        .ok_or_else(|| {
+            Call::new("get branch", repository, branch).unreadable("no commit_id".into())
+        })
 }
 
 /// The new commit of a merge answer.
@@ -754,12 +713,8 @@ pub fn merge_reference(
         .filter(|r| !r.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| {
-            LakeFsError::decode(
-                "merge",
-                repository,
-                destination,
-                "the merge result has no reference".into(),
-            )
+            Call::new("merge", repository, destination)
+                .unreadable("the merge result has no reference".into())
         })
 }
 
@@ -788,13 +743,7 @@ pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<
             crate::outcome::QUOTED_MAX
         )
     );
-    Err(LakeFsError::status_error(
-        "delete objects",
-        repository,
-        branch,
-        status,
-        message,
-    ))
+    Err(Call::new("delete objects", repository, branch).refused(status, message))
 }
 
 /// A failed HTTP request's text with its whole cause chain but without the request URL

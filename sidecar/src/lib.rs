@@ -10,6 +10,7 @@ pub mod failure;
 pub mod http;
 pub mod input;
 pub mod lakefs;
+pub mod names;
 pub mod otlp;
 pub mod outcome;
 pub mod pipeline;

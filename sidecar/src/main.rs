@@ -7,7 +7,6 @@ use clap::{Parser, Subcommand};
 
 use perago_sidecar::app;
 use perago_sidecar::config::Settings;
-use perago_sidecar::telemetry;
 
 #[derive(Parser)]
 #[command(
@@ -56,7 +55,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    telemetry::init_logging();
+    perago_telemetry::init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

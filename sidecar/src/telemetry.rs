@@ -16,27 +16,9 @@ use prometheus::{
 use serde::Deserialize;
 use serde_json::Value;
 use tracing::warn;
-use tracing_subscriber::EnvFilter;
 
 use perago_contract::spec::RESERVED_METRIC_LABELS;
 use perago_contract::spec::{ApplicationMetricKind, MetricSpec};
-
-/// Install the JSON log subscriber. `PERAGO_LOG` (or `RUST_LOG`) sets the filter.
-pub fn init_logging() {
-    let filter = std::env::var("PERAGO_LOG")
-        .ok()
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "info".into());
-    let _ = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(true)
-        .with_span_list(false)
-        .with_target(false)
-        .with_env_filter(EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
-}
 
 const DURATION_BUCKETS: [f64; 17] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,

@@ -38,29 +38,32 @@ pub enum DownloadError {
     Local(#[from] FileError),
     /// The object's body broke off while it was read.
     #[error(
-        "lakeFS get object on {repository}@{} failed while reading '{}': {cause}",
-        clip(.reference, REF_MAX),
-        clip(.key, QUOTED_MAX)
+        "lakeFS get object on {}@{} failed while reading '{}': {cause}",
+        .object.repository,
+        clip(&.object.reference, REF_MAX),
+        clip(&.object.key, QUOTED_MAX)
     )]
-    BrokeOff {
-        repository: String,
-        reference: String,
-        key: String,
-        cause: String,
-    },
+    BrokeOff { object: ObjectAt, cause: String },
     /// Fewer or more bytes arrived than the listing announced.
     #[error(
-        "object '{}' at {repository}@{} was {written} bytes, the listing said {expected}",
-        clip(.key, QUOTED_MAX),
-        clip(.reference, REF_MAX)
+        "object '{}' at {}@{} was {written} bytes, the listing said {expected}",
+        clip(&.object.key, QUOTED_MAX),
+        .object.repository,
+        clip(&.object.reference, REF_MAX)
     )]
     WrongSize {
-        repository: String,
-        reference: String,
-        key: String,
+        object: ObjectAt,
         written: u64,
         expected: u64,
     },
+}
+
+/// One object of the input ref.
+#[derive(Debug)]
+pub struct ObjectAt {
+    pub repository: String,
+    pub reference: String,
+    pub key: String,
 }
 
 impl DownloadError {
@@ -227,18 +230,17 @@ pub async fn download(
         }
     }
     let mut manifest = Manifest::default();
+    let source = Source {
+        client,
+        repository,
+        reference,
+        timeout: object_timeout,
+    };
+    let source = &source;
     let mut transfers = futures_util::stream::iter(planned.into_iter().map(|(local, entry)| {
         let target = dir.join(&local);
         async move {
-            let size = fetch(
-                client,
-                repository,
-                reference,
-                &entry,
-                &target,
-                object_timeout,
-            )
-            .await?;
+            let size = source.fetch(&entry, &target).await?;
             Ok::<_, DownloadError>((local, entry.checksum, size))
         }
     }))
@@ -250,83 +252,85 @@ pub async fn download(
     Ok(manifest)
 }
 
-/// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
-/// with the retry policy's backoff) from the start.
-async fn fetch(
-    client: &LakeFsClient,
-    repository: &str,
-    reference: &str,
-    entry: &ObjectEntry,
-    target: &Path,
+/// Where the objects of one download come from.
+struct Source<'a> {
+    client: &'a LakeFsClient,
+    repository: &'a str,
+    reference: &'a str,
+    /// Per object.
     timeout: Duration,
-) -> Result<u64, DownloadError> {
-    let mut delays = crate::retry::lakefs_call().build();
-    let mut retries = 0u32;
-    loop {
-        match fetch_once(client, repository, reference, entry, target, timeout).await {
-            Ok(written) => return Ok(written),
-            Err(e) if e.interrupted() => {
-                let Some(delay) = delays.next() else {
-                    return Err(e);
-                };
-                retries += 1;
-                tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %e,
-                    "the download of an object broke off; fetching it again");
-                tokio::fs::remove_file(target)
-                    .await
-                    .map_err(|e| DownloadError::local("removing", target, e))?;
-                tokio::time::sleep(delay).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
-async fn fetch_once(
-    client: &LakeFsClient,
-    repository: &str,
-    reference: &str,
-    entry: &ObjectEntry,
-    target: &Path,
-    timeout: Duration,
-) -> Result<u64, DownloadError> {
-    let mut response = client
-        .get_object(repository, reference, &entry.path, timeout)
-        .await?;
-    let mut file = tokio::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(target)
-        .await
-        .map_err(|e| DownloadError::local("creating", target, e))?;
-    let written_failed = |e| DownloadError::local("writing", target, e);
-    let mut written = 0u64;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| DownloadError::BrokeOff {
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            key: entry.path.clone(),
-            cause: request_error(e),
-        })?
-    {
-        written += chunk.len() as u64;
-        file.write_all(&chunk).await.map_err(written_failed)?;
+impl Source<'_> {
+    /// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
+    /// with the retry policy's backoff) from the start.
+    async fn fetch(&self, entry: &ObjectEntry, target: &Path) -> Result<u64, DownloadError> {
+        let mut delays = crate::retry::lakefs_call().build();
+        let mut retries = 0u32;
+        loop {
+            match self.fetch_once(entry, target).await {
+                Ok(written) => return Ok(written),
+                Err(e) if e.interrupted() => {
+                    let Some(delay) = delays.next() else {
+                        return Err(e);
+                    };
+                    retries += 1;
+                    tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %e,
+                    "the download of an object broke off; fetching it again");
+                    tokio::fs::remove_file(target)
+                        .await
+                        .map_err(|e| DownloadError::local("removing", target, e))?;
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
-    file.flush().await.map_err(written_failed)?;
-    if let Some(expected) = entry.size_bytes
-        && expected != written
-    {
-        return Err(DownloadError::WrongSize {
-            repository: repository.to_owned(),
-            reference: reference.to_owned(),
-            key: entry.path.clone(),
-            written,
-            expected,
-        });
+
+    async fn fetch_once(&self, entry: &ObjectEntry, target: &Path) -> Result<u64, DownloadError> {
+        let mut response = self
+            .client
+            .get_object(self.repository, self.reference, &entry.path, self.timeout)
+            .await?;
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(target)
+            .await
+            .map_err(|e| DownloadError::local("creating", target, e))?;
+        let written_failed = |e| DownloadError::local("writing", target, e);
+        let mut written = 0u64;
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| DownloadError::BrokeOff {
+                object: self.object(entry),
+                cause: request_error(e),
+            })?
+        {
+            written += chunk.len() as u64;
+            file.write_all(&chunk).await.map_err(written_failed)?;
+        }
+        file.flush().await.map_err(written_failed)?;
+        if let Some(expected) = entry.size_bytes
+            && expected != written
+        {
+            return Err(DownloadError::WrongSize {
+                object: self.object(entry),
+                written,
+                expected,
+            });
+        }
+        Ok(written)
     }
-    Ok(written)
+
+    fn object(&self, entry: &ObjectEntry) -> ObjectAt {
+        ObjectAt {
+            repository: self.repository.to_owned(),
+            reference: self.reference.to_owned(),
+            key: entry.path.clone(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -21,34 +21,19 @@ pub struct Entry {
     pub is_dir: bool,
 }
 
-/// Walk the tree in sorted order without following symlinks.
+/// The tree's entries, the root first, in path order, without following symlinks.
 pub fn walk(root: &Path) -> std::io::Result<Vec<Entry>> {
     let mut out = vec![Entry {
         path: String::new(),
         is_dir: true,
     }];
-    let mut stack = vec![String::new()];
-    while let Some(dir) = stack.pop() {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(root.join(&dir))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let is_dir = entry.file_type()?.is_dir(); // not followed: a symlink is not a dir
-            names.push((name, is_dir));
-        }
-        names.sort();
-        for (name, is_dir) in names.into_iter().rev() {
-            let path = if dir.is_empty() {
-                name
-            } else {
-                format!("{dir}/{name}")
-            };
-            if is_dir {
-                stack.push(path.clone());
-            }
-            out.push(Entry { path, is_dir });
-        }
-    }
+    super::tree::walk(root, |path, _, kind| {
+        out.push(Entry {
+            path,
+            is_dir: kind.is_dir(),
+        });
+        Ok(())
+    })?;
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
 }

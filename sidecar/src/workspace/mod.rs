@@ -10,6 +10,7 @@ pub mod input;
 pub mod janitor;
 pub mod publish;
 pub mod snapshot;
+mod tree;
 
 use std::sync::Arc;
 

@@ -23,23 +23,9 @@ pub const PUBLISH_RANGE: usize = 1024;
 /// `[A-Za-z0-9_-]` kept, other runs become `-`, `-`/`_` trimmed; long segments are cut and
 /// keep a hash of the whole, so names stay unique and within lakeFS's limits.
 fn branch_segment(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut in_run = false;
-    for c in text.chars() {
-        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-            out.push(c);
-            in_run = false;
-        } else if !in_run {
-            out.push('-');
-            in_run = true;
-        }
-    }
-    let trimmed = out.trim_matches(|c| c == '-' || c == '_');
-    let segment = if trimmed.is_empty() || trimmed.starts_with('-') {
-        "unknown".to_owned()
-    } else {
-        trimmed.to_owned()
-    };
+    let keep = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    let segment = crate::names::sanitized(text, keep, '-', ['-', '_'])
+        .unwrap_or_else(|| "unknown".to_owned());
     const MAX: usize = 48;
     if segment.len() <= MAX {
         return segment;

@@ -32,43 +32,31 @@ pub type Snapshot = Vec<Item>;
 /// Take a snapshot; blocking (hashes every file), so run it off the async runtime.
 pub fn take(root: &Path) -> std::io::Result<Snapshot> {
     let mut items = Vec::new();
-    let mut stack = vec![String::new()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(root.join(&dir))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name == ATTEMPT_MARKER {
-                continue;
-            }
-            let path = if dir.is_empty() {
-                name
-            } else {
-                format!("{dir}/{name}")
-            };
-            let kind = entry.file_type()?;
-            if kind.is_symlink() {
-                let target = std::fs::read_link(entry.path())?;
-                items.push(Item {
-                    path,
-                    kind: Kind::Symlink,
-                    digest: target.to_string_lossy().into_owned(),
-                    md5: String::new(),
-                    size: 0,
-                });
-            } else if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file() {
-                let (digest, md5, size) = hash_file(&entry.path())?;
-                items.push(Item {
-                    path,
-                    kind: Kind::File,
-                    digest,
-                    md5,
-                    size,
-                });
-            }
+    super::tree::walk(root, |path, entry, kind| {
+        if entry.file_name() == ATTEMPT_MARKER {
+            return Ok(());
         }
-    }
+        if kind.is_symlink() {
+            let target = std::fs::read_link(entry.path())?;
+            items.push(Item {
+                path,
+                kind: Kind::Symlink,
+                digest: target.to_string_lossy().into_owned(),
+                md5: String::new(),
+                size: 0,
+            });
+        } else if kind.is_file() {
+            let (digest, md5, size) = hash_file(&entry.path())?;
+            items.push(Item {
+                path,
+                kind: Kind::File,
+                digest,
+                md5,
+                size,
+            });
+        }
+        Ok(())
+    })?;
     items.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(items)
 }
