@@ -543,7 +543,6 @@ impl LakeFsClient {
         merge_reference(repository, destination, &answer)
     }
 
-    /// Branch names starting with `prefix`.
     /// How many uncommitted changes `branch` holds, reading at most `amount`; the flag says
     /// there are more.
     pub async fn uncommitted(
@@ -569,6 +568,7 @@ impl LakeFsClient {
         Ok((page.results.len(), page.pagination.has_more))
     }
 
+    /// Branch names starting with `prefix`.
     pub async fn list_branches(
         &self,
         repository: &str,
