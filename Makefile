@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench lint crds check-crds manifests docs release-binaries check-images obtain services-up services-down clean
+.PHONY: build demo test bench bench-quick lint crds check-crds manifests docs release-binaries check-images obtain services-up services-down clean
 
 build:
 	$(CARGO) build --workspace --all-targets
@@ -25,7 +25,13 @@ test: obtain release-binaries
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain release-binaries
 	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
-	$(CARGO) bench -p perago-e2e --bench scaling
+	$(CARGO) bench -p perago-e2e --bench scaling --bench operator
+
+## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
+## once against the real servers; the figures mean nothing.
+bench-quick: obtain release-binaries
+	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_LARGE_MIB=8 $(CARGO) bench --profile dev -p perago-sidecar --bench runtime --bench workspace
+	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev -p perago-e2e --bench scaling --bench operator
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
 ## print executions and crashes per target (nightly, cargo-fuzz; see docs/fuzzing.md).

@@ -2,9 +2,9 @@
 //! - scale from zero, over `PERAGO_BENCH_RUNS` (20) runs: the operator's decision (workflow
 //!   started → replicas raised), the pod's share (decision → first poll), the attempt (first
 //!   poll → COMPLETED) and the whole path, p50 and p95;
-//! - the drain of a pod deleted while its 4 slots are busy;
-//! - the operator with `PERAGO_BENCH_TASKS` (200) autoscaled PeragoTasks idle: time until all
-//!   are Ready, then its CPU and its Conductor calls per minute (0 skips it).
+//! - the drain of a pod deleted while its 4 slots are busy.
+//!
+//! The operator with hundreds of tasks is the `operator` benchmark.
 //!
 //! It prints figures; it asserts only that the work it measures completed.
 //! `cargo bench -p perago-e2e --bench scaling` (part of `make bench`).
@@ -234,151 +234,6 @@ async fn drain(services: &Services, cluster: &Cluster) {
     );
 }
 
-/// utime + stime of every process named `comm`, in seconds.
-fn cpu_seconds(comm: &str) -> f64 {
-    let ticks = 100.0; // USER_HZ on Linux
-    let mut total = 0.0;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let path = entry.path();
-        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
-            continue;
-        };
-        if name.trim() != comm {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
-            continue;
-        };
-        // Fields after the `(comm)`: state is the 3rd field, utime the 14th, stime the 15th.
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0.0);
-        let stime: f64 = fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0.0);
-        total += (utime + stime) / ticks;
-    }
-    total
-}
-
-/// `perago_operator_conductor_calls_total` by call, from the leading operator pod.
-async fn conductor_calls(metrics_url: &str) -> std::collections::BTreeMap<String, f64> {
-    let text = reqwest::get(metrics_url)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut calls = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("perago_operator_conductor_calls_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let call = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("call=\""))
-            .map(|c| c.trim_end_matches('"').to_owned())
-            .unwrap_or_default();
-        *calls.entry(call).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-    }
-    calls
-}
-
-async fn idle_tasks(services: &Services, cluster: &Cluster, count: usize) {
-    let namespace = "bench-idle";
-    cluster.task_namespace(namespace).unwrap();
-    let manifests: Vec<String> = (0..count)
-        .map(|i| {
-            let mut t = task(namespace, &format!("idle-{i:03}"), DONE, json!({}));
-            t["spec"]["executor"]["autoscaling"] = json!({
-                "minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1,
-            });
-            serde_yaml::to_string(&t).unwrap()
-        })
-        .collect();
-    let applied = Instant::now();
-    cluster.apply(&manifests.join("---\n")).unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "-n",
-            namespace,
-            "--for=condition=Ready",
-            "peragotask",
-            "--all",
-            "--timeout=900s",
-        ])
-        .unwrap();
-    let ready = applied.elapsed();
-    let client = services.kube().client().await.unwrap();
-    let operator = Api::<Pod>::namespaced(client, "perago-system")
-        .list(&ListParams::default().labels("app.kubernetes.io/name=perago-operator"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
-    let metrics = format!(
-        "http://{}:8080/metrics",
-        operator.status.unwrap().pod_ip.unwrap()
-    );
-    // Settle: the reconciles of the apply are done once every task is Ready.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let window = Duration::from_secs(60);
-    let (cpu0, calls0) = (
-        cpu_seconds("perago-operator"),
-        conductor_calls(&metrics).await,
-    );
-    tokio::time::sleep(window).await;
-    let (cpu1, calls1) = (
-        cpu_seconds("perago-operator"),
-        conductor_calls(&metrics).await,
-    );
-    let minutes = window.as_secs_f64() / 60.0;
-    println!(
-        "operator with {count} autoscaled PeragoTasks idle at zero (resync 60 s, queue poll 2 s):"
-    );
-    println!(
-        "  applied → all Ready: {:.1} s ({:.1} tasks/s)",
-        ready.as_secs_f64(),
-        count as f64 / ready.as_secs_f64()
-    );
-    println!(
-        "  operator CPU: {:.2} s per minute ({:.1} % of one core)",
-        (cpu1 - cpu0) / minutes,
-        (cpu1 - cpu0) / window.as_secs_f64() * 100.0
-    );
-    let mut all = 0.0;
-    for (call, after) in &calls1 {
-        let per_minute = (after - calls0.get(call).copied().unwrap_or(0.0)) / minutes;
-        all += per_minute;
-        println!("  Conductor {call:<14} {per_minute:>7.1} calls/min");
-    }
-    println!("  Conductor calls in all  {all:>7.1} calls/min");
-    cluster
-        .kubectl(&["delete", "namespace", namespace, "--wait=false"])
-        .unwrap();
-}
-
-/// After a `helm upgrade`: until the admission webhook answers through its Service again.
-fn wait_for_webhook(cluster: &Cluster) {
-    let probe = task("default", "webhook-probe", DONE, json!({})).to_string();
-    let path = std::env::temp_dir().join(format!("perago-bench-probe-{}.json", std::process::id()));
-    std::fs::write(&path, probe).unwrap();
-    let started = Instant::now();
-    while cluster
-        .kubectl(&["apply", "--dry-run=server", "-f", path.to_str().unwrap()])
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the webhook never answered"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    let _ = std::fs::remove_file(path);
-}
-
 #[tokio::main]
 async fn main() {
     if perago_e2e::node_opted_out("scaling benchmark") {
@@ -386,43 +241,12 @@ async fn main() {
     }
     let services = perago_e2e::shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
+    // The scale-down after each run waits for a resync: a short one.
     cluster
-        .install_operator(&["--set", "resyncSeconds=60", "--set", "replicas=1"])
+        .install_operator(&["--set", "resyncSeconds=3", "--set", "replicas=1"])
         .unwrap();
-    // The scale-down after each run waits for a resync: a short one for that part.
+    cluster.wait_for_webhook().unwrap();
     let runs = setting("PERAGO_BENCH_RUNS", 20);
-    cluster
-        .helm(&[
-            "upgrade",
-            perago_e2e::cluster::RELEASE,
-            "charts/perago-operator",
-            "--namespace",
-            "perago-system",
-            "--reuse-values",
-            "--set",
-            "resyncSeconds=3",
-            "--wait",
-        ])
-        .unwrap();
-    wait_for_webhook(&cluster);
     scale_from_zero(services, &cluster, runs).await;
     drain(services, &cluster).await;
-    cluster
-        .helm(&[
-            "upgrade",
-            perago_e2e::cluster::RELEASE,
-            "charts/perago-operator",
-            "--namespace",
-            "perago-system",
-            "--reuse-values",
-            "--set",
-            "resyncSeconds=60",
-            "--wait",
-        ])
-        .unwrap();
-    let tasks = setting("PERAGO_BENCH_TASKS", 200);
-    if tasks > 0 {
-        wait_for_webhook(&cluster);
-        idle_tasks(services, &cluster, tasks).await;
-    }
 }

@@ -202,6 +202,30 @@ impl Cluster {
         Ok(started.elapsed())
     }
 
+    /// Until the admission webhook answers through its Service (a server-side dry run of a
+    /// PeragoTask is admitted), two minutes at most: after a rollout of the operator, the
+    /// apiserver may still call a pod that is gone.
+    pub fn wait_for_webhook(&self) -> Result<()> {
+        let probe = "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {name: webhook-probe, namespace: default}\n\
+             spec: {taskName: webhook.probe, ownerEmail: probe@example.com, paramsSchema: {type: object}, \
+             resultSchema: {type: object}, executor: {body: {image: busybox, command: [sh]}}}\n";
+        let path =
+            std::env::temp_dir().join(format!("perago-webhook-probe-{}.yaml", std::process::id()));
+        std::fs::write(&path, probe)?;
+        let started = Instant::now();
+        let answered = loop {
+            match self.kubectl(&["apply", "--dry-run=server", "-f", &path.to_string_lossy()]) {
+                Ok(_) => break Ok(()),
+                Err(e) if started.elapsed() > Duration::from_secs(120) => {
+                    break Err(e.context("the admission webhook never answered"));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        };
+        let _ = std::fs::remove_file(&path);
+        answered
+    }
+
     /// The chart values every install here sets: the node's images, the harness's servers.
     fn release_values(&self) -> Result<Vec<String>> {
         let (image, image_tag) = OPERATOR_IMAGE.rsplit_once(':').context("operator image")?;

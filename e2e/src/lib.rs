@@ -9,6 +9,7 @@
 pub mod cluster;
 pub mod faults;
 pub mod lake;
+pub mod measure;
 pub mod node;
 pub mod pki;
 pub mod pod;

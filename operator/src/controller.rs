@@ -134,6 +134,20 @@ async fn patch_status(
         last_scale: None,
         ..status
     };
+    // Nothing new: no write. Besides the request saved, a reconcile sees the cached object,
+    // which may lag the operator's own last write by one event; writing what it computed from
+    // it anyway flipped the stored status back and forth (a condition's transition time), each
+    // write waking the next reconcile. The watch event of the last write still comes, and the
+    // reconcile it wakes writes if anything differs.
+    let unchanged = task.status.as_ref().is_some_and(|old| {
+        *old == PeragoTaskStatus {
+            last_scale: old.last_scale.clone(),
+            ..status.clone()
+        }
+    });
+    if unchanged {
+        return Ok(());
+    }
     let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask", "status": status});
     api.patch_status(
         &task.name_any(),

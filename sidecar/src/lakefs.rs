@@ -277,6 +277,24 @@ impl LakeFsClient {
             .await
     }
 
+    /// An idempotent call (retried on transient answers) and its JSON answer.
+    async fn json_retried<T: serde::de::DeserializeOwned>(
+        &self,
+        call: Call<'_>,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<T, LakeFsError> {
+        Self::json(call, self.idempotent(call, build).await?).await
+    }
+
+    /// A call that is never retried (a lost answer may hide its effect) and its JSON answer.
+    async fn json_once<T: serde::de::DeserializeOwned>(
+        &self,
+        call: Call<'_>,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, LakeFsError> {
+        Self::json(call, self.once(call, request).await?).await
+    }
+
     async fn json<T: serde::de::DeserializeOwned>(
         call: Call<'_>,
         response: reqwest::Response,
@@ -298,14 +316,13 @@ impl LakeFsClient {
         let mut all = Vec::new();
         loop {
             let amount = (limit - all.len()).clamp(1, PAGE as usize).to_string();
-            let response = self
-                .idempotent(call, || {
+            let page: Page<T> = self
+                .json_retried(call, || {
                     self.request(Method::GET, path, self.timeout)
                         .query(query)
                         .query(&[("after", after.as_str()), ("amount", amount.as_str())])
                 })
                 .await?;
-            let page: Page<T> = Self::json(call, response).await?;
             let (results, next) = page.into_parts(call, &after)?;
             all.extend(results);
             match next {
@@ -379,10 +396,9 @@ impl LakeFsClient {
             segment(repository),
             segment(branch)
         );
-        let response = self
-            .idempotent(call, || self.request(Method::GET, &path, self.timeout))
+        let answer: Value = self
+            .json_retried(call, || self.request(Method::GET, &path, self.timeout))
             .await?;
-        let answer: Value = Self::json(call, response).await?;
         branch_commit(repository, branch, &answer)
     }
 
@@ -483,12 +499,11 @@ impl LakeFsClient {
         );
         for chunk in keys.chunks(PAGE as usize) {
             let body = json!({"paths": chunk});
-            let response = self
-                .idempotent(call, || {
+            let answer: Value = self
+                .json_retried(call, || {
                     self.request(Method::POST, &path, self.timeout).json(&body)
                 })
                 .await?;
-            let answer: Value = Self::json(call, response).await?;
             delete_failure(repository, branch, &answer)?;
         }
         Ok(())
@@ -509,13 +524,11 @@ impl LakeFsClient {
             segment(branch)
         );
         let body = json!({"message": message, "metadata": metadata});
-        let response = self
-            .once(
-                call,
-                self.request(Method::POST, &path, self.timeout).json(&body),
-            )
-            .await?;
-        Self::json(call, response).await
+        self.json_once(
+            call,
+            self.request(Method::POST, &path, self.timeout).json(&body),
+        )
+        .await
     }
 
     /// Squash-merge `source` into `destination` with `metadata` on the merge commit; returns
@@ -536,10 +549,9 @@ impl LakeFsClient {
             segment(destination)
         );
         let body = json!({"metadata": metadata, "squash_merge": true});
-        let response = self
-            .once(call, self.request(Method::POST, &path, timeout).json(&body))
+        let answer: Value = self
+            .json_once(call, self.request(Method::POST, &path, timeout).json(&body))
             .await?;
-        let answer: Value = Self::json(call, response).await?;
         merge_reference(repository, destination, &answer)
     }
 
@@ -558,13 +570,12 @@ impl LakeFsClient {
             segment(branch)
         );
         let amount = amount.clamp(1, PAGE).to_string();
-        let response = self
-            .idempotent(call, || {
+        let page: Page<Value> = self
+            .json_retried(call, || {
                 self.request(Method::GET, &path, self.timeout)
                     .query(&[("amount", amount.as_str())])
             })
             .await?;
-        let page: Page<Value> = Self::json(call, response).await?;
         Ok((page.results.len(), page.pagination.has_more))
     }
 
@@ -595,10 +606,8 @@ impl LakeFsClient {
             segment(repository),
             segment(reference)
         );
-        let response = self
-            .idempotent(call, || self.request(Method::GET, &path, self.timeout))
-            .await?;
-        Self::json(call, response).await
+        self.json_retried(call, || self.request(Method::GET, &path, self.timeout))
+            .await
     }
 
     /// Up to `limit` commits of the first-parent history from `reference`, newest first,

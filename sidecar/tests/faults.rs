@@ -50,6 +50,8 @@ enum Heal {
     /// Once the proxy has held the first call to this path, everything is refused for this
     /// long, then the servers are back.
     OutageOnHold(&'static str, Duration),
+    /// Once the pod has given up reporting the run's result (it counts it lost).
+    AfterResultLost,
 }
 
 /// Deterministic, as `docs/task-bodies.md` recommends: a retry writes what the first attempt
@@ -347,6 +349,17 @@ async fn scenario_with(
             }
         }
         let wf = rig.finished(&id).await;
+        if matches!(heal, Heal::AfterResultLost) {
+            let lost = format!("perago_sidecar_results_lost_total {}", run + 1);
+            let started = Instant::now();
+            while !rig.pod.metrics().await.contains(&lost) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(90),
+                    "{name} run {run}: the pod never gave up reporting"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         tally.faults_applied += rig.conductor.faulted().len() + rig.lakefs.faulted().len();
         rig.conductor.clear();
         rig.lakefs.clear();
@@ -602,6 +615,39 @@ async fn the_answer_to_the_completed_update_lost() {
         Heal::Never,
     )
     .await;
+}
+
+/// Every answer to the COMPLETED update dropped: Conductor took the first update, so the
+/// workflow completes with its one attempt and one publication; the pod tries again five
+/// times over about 20 s, then counts the result lost, fails nothing and serves the next
+/// task. Three runs unless `PERAGO_FAULT_RUNS` says otherwise: each waits out the retries.
+#[tokio::test]
+async fn every_answer_to_the_completed_update_lost() {
+    let (t, metrics) = scenario(
+        "completed-update-answers-all-lost",
+        runs_or(3),
+        |rig| {
+            rig.conductor.inject_with_body(
+                Some("POST"),
+                "/tasks",
+                "\"COMPLETED\"",
+                Fault::DropResponse,
+                None,
+            )
+        },
+        Heal::AfterResultLost,
+    )
+    .await;
+    assert_eq!(t.attempts, t.runs, "{t:?}");
+    assert_eq!(
+        t.faults_applied,
+        6 * t.runs,
+        "one update and five retries a run: {t:?}"
+    );
+    assert!(
+        metrics.contains(&format!("perago_sidecar_results_lost_total {}", t.runs)),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

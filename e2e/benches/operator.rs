@@ -1,0 +1,286 @@
+//! The operator at scale, on the real node with the operator installed from the chart
+//! (resync 60 s, queue poll 2 s, one replica): `PERAGO_BENCH_TASKS` (500) PeragoTasks applied
+//! at once, first autoscaled (idle at zero), then with a fixed `replicas: 0`, each after a
+//! fresh start of the operator. For each it prints the time until every TaskDef is in
+//! Conductor and every task Ready, the operator's peak resident memory and CPU, the Conductor
+//! calls and apiserver requests of the apply, then the same per minute over
+//! `PERAGO_BENCH_STEADY_SECONDS` (60) in which nothing changes, and the time to delete them.
+//!
+//! It prints figures; it asserts only that the work it measures completed.
+//! `cargo bench -p perago-e2e --bench operator` (part of `make bench`).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use perago_e2e::cluster::Cluster;
+use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib};
+use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::pod::ConductorApi;
+use perago_e2e::{Selection, Services};
+use serde_json::{Value, json};
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn task(namespace: &str, name: &str, autoscaled: bool) -> Value {
+    let mut executor = json!({
+        "slots": 1,
+        "body": {"image": BUSYBOX_BODY_IMAGE, "command": ["sh", "-c", "printf '{}' > \"$PERAGO_RESULT\""]},
+    });
+    if autoscaled {
+        executor["autoscaling"] =
+            json!({"minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1});
+    } else {
+        executor["replicas"] = json!(0);
+    }
+    json!({
+        "apiVersion": "perago.io/v1alpha1",
+        "kind": "PeragoTask",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "taskName": format!("{namespace}.{name}"),
+            "ownerEmail": "bench@example.com",
+            "paramsSchema": {"type": "object"},
+            "resultSchema": {"type": "object"},
+            "executor": executor,
+        },
+    })
+}
+
+/// What the operator and the apiserver have counted so far.
+struct Counters {
+    at: Instant,
+    cpu: f64,
+    conductor: BTreeMap<String, f64>,
+    apiserver: BTreeMap<String, f64>,
+}
+
+/// The resources a PeragoTask's reconcile reads and writes.
+const RESOURCES: [&str; 5] = ["peragotasks", "configmaps", "deployments", "events", "pods"];
+
+async fn counters(cluster: &Cluster, operator_metrics: &str) -> Counters {
+    let operator = reqwest::get(operator_metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let apiserver = cluster.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+    let apiserver = counter_by(&apiserver, "apiserver_request_total", &["verb", "resource"])
+        .into_iter()
+        .filter(|(k, _)| RESOURCES.iter().any(|r| k.ends_with(&format!("/{r}"))))
+        .collect();
+    Counters {
+        at: Instant::now(),
+        cpu: cpu_seconds("perago-operator"),
+        conductor: counter_by(
+            &operator,
+            "perago_operator_conductor_calls_total",
+            &["call"],
+        ),
+        apiserver,
+    }
+}
+
+fn print_counts(title: &str, before: &Counters, after: &Counters, per_minute: bool, tasks: usize) {
+    let minutes = after.at.duration_since(before.at).as_secs_f64() / 60.0;
+    let scale = if per_minute { 1.0 / minutes } else { 1.0 };
+    let unit = if per_minute { "/min" } else { "" };
+    println!(
+        "  {title}: operator CPU {:.2} s{unit}",
+        (after.cpu - before.cpu) * scale
+    );
+    let conductor = delta(&before.conductor, &after.conductor);
+    let all: f64 = conductor.values().fold(0.0, |a, b| a + b) * scale;
+    let listed: Vec<String> = conductor
+        .iter()
+        .map(|(call, n)| format!("{call} {:.0}", n * scale))
+        .collect();
+    println!(
+        "    Conductor calls{unit}: {all:.0} ({:.2} per task): {}",
+        all / tasks as f64,
+        listed.join(", ")
+    );
+    let apiserver = delta(&before.apiserver, &after.apiserver);
+    let all: f64 = apiserver.values().fold(0.0, |a, b| a + b) * scale;
+    let listed: Vec<String> = apiserver
+        .iter()
+        .map(|(request, n)| format!("{request} {:.0}", n * scale))
+        .collect();
+    println!(
+        "    apiserver requests{unit} on {}: {all:.0} ({:.2} per task): {}",
+        RESOURCES.join(", "),
+        all / tasks as f64,
+        listed.join(", ")
+    );
+}
+
+/// A fresh operator process (so that its peak memory is this run's), and its metrics URL.
+async fn restart_operator(services: &Services, cluster: &Cluster) -> String {
+    cluster
+        .kubectl(&[
+            "-n",
+            "perago-system",
+            "rollout",
+            "restart",
+            "deployment/perago-operator",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "-n",
+            "perago-system",
+            "rollout",
+            "status",
+            "deployment/perago-operator",
+            "--timeout=180s",
+        ])
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    let started = Instant::now();
+    loop {
+        let pods = Api::<Pod>::namespaced(client.clone(), "perago-system")
+            .list(&ListParams::default().labels("app.kubernetes.io/name=perago-operator"))
+            .await
+            .unwrap()
+            .items;
+        let live: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        if let [pod] = live.as_slice()
+            && let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone())
+            && leading(&format!("http://{ip}:8080/metrics")).await
+        {
+            // The old process is gone once one operator pod is left, and the new one leads
+            // once the old one's lease has expired.
+            cluster.wait_for_webhook().unwrap();
+            return format!("http://{ip}:8080/metrics");
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "no operator");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Whether the operator serving `metrics` holds the leader lease.
+async fn leading(metrics: &str) -> bool {
+    match reqwest::get(metrics).await {
+        Ok(r) => r
+            .text()
+            .await
+            .is_ok_and(|t| t.lines().any(|l| l == "perago_operator_leader 1")),
+        Err(_) => false,
+    }
+}
+
+/// Until Conductor holds a TaskDef for each of the `count` tasks of `namespace`.
+async fn taskdefs_registered(conductor: &ConductorApi, namespace: &str, count: usize) {
+    let prefix = format!("{namespace}.");
+    loop {
+        let defs = conductor
+            .call(reqwest::Method::GET, "/metadata/taskdefs", None)
+            .await;
+        let registered = defs
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .filter(|d| d["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
+                    .count()
+            })
+            .unwrap_or(0);
+        if registered >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: bool) {
+    let namespace = if autoscaled {
+        "bench-auto"
+    } else {
+        "bench-fixed"
+    };
+    let what = if autoscaled {
+        "autoscaled, idle at zero"
+    } else {
+        "replicas: 0, no autoscaling"
+    };
+    cluster.task_namespace(namespace).unwrap();
+    let metrics = restart_operator(services, cluster).await;
+    let manifests: Vec<String> = (0..count)
+        .map(|i| serde_yaml::to_string(&task(namespace, &format!("t-{i:04}"), autoscaled)).unwrap())
+        .collect();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let before = counters(cluster, &metrics).await;
+    let applied = Instant::now();
+    cluster.apply(&manifests.join("---\n")).unwrap();
+    let apply_took = applied.elapsed();
+    taskdefs_registered(&conductor, namespace, count).await;
+    let registered = applied.elapsed();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            "peragotask",
+            "--all",
+            "--timeout=1200s",
+        ])
+        .unwrap();
+    let ready = applied.elapsed();
+    let reconciled = counters(cluster, &metrics).await;
+    println!("operator with {count} PeragoTasks ({what}):");
+    println!(
+        "  kubectl apply {:.1} s; applied → every TaskDef in Conductor {:.1} s; → all Ready {:.1} s ({:.1} tasks/s)",
+        apply_took.as_secs_f64(),
+        registered.as_secs_f64(),
+        ready.as_secs_f64(),
+        count as f64 / ready.as_secs_f64()
+    );
+    print_counts("the apply", &before, &reconciled, false, count);
+    // Nothing changes now (after the follow-up reconciles of the rollout); the resyncs and
+    // the queue watch go on.
+    let steady = Duration::from_secs(setting("PERAGO_BENCH_STEADY_SECONDS", 60) as u64);
+    tokio::time::sleep(steady.min(Duration::from_secs(20))).await;
+    let quiet = counters(cluster, &metrics).await;
+    tokio::time::sleep(steady).await;
+    let later = counters(cluster, &metrics).await;
+    print_counts("steady state", &quiet, &later, true, count);
+    println!(
+        "  operator peak resident memory: {:.1} MiB",
+        peak_rss_mib("perago-operator")
+    );
+    let deleting = Instant::now();
+    cluster
+        .kubectl(&["delete", "namespace", namespace, "--timeout=1200s"])
+        .unwrap();
+    println!(
+        "  kubectl delete namespace (every finalizer released): {:.1} s",
+        deleting.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    if perago_e2e::node_opted_out("operator benchmark") {
+        return;
+    }
+    let services = perago_e2e::shared(Selection::ALL).await;
+    let cluster = Cluster::new(services).unwrap();
+    cluster
+        .install_operator(&["--set", "resyncSeconds=60", "--set", "replicas=1"])
+        .unwrap();
+    let count = setting("PERAGO_BENCH_TASKS", 500);
+    run(services, &cluster, count, true).await;
+    run(services, &cluster, count, false).await;
+}
