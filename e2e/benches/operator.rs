@@ -63,7 +63,7 @@ struct Counters {
     apiserver: BTreeMap<String, f64>,
 }
 
-/// The resources a PeragoTask's reconcile reads and writes.
+/// The resources a PeragoTask's reconcile reads and writes (the apiserver requests counted).
 const RESOURCES: [&str; 5] = ["peragotasks", "configmaps", "deployments", "events", "pods"];
 
 async fn counters(cluster: &Cluster, operator_metrics: &str) -> Counters {
@@ -98,29 +98,22 @@ fn print_counts(title: &str, before: &Counters, after: &Counters, per_minute: bo
         "  {title}: operator CPU {:.2} s{unit}",
         (after.cpu - before.cpu) * scale
     );
-    let conductor = delta(&before.conductor, &after.conductor);
-    let all: f64 = conductor.values().fold(0.0, |a, b| a + b) * scale;
-    let listed: Vec<String> = conductor
-        .iter()
-        .map(|(call, n)| format!("{call} {:.0}", n * scale))
-        .collect();
-    println!(
-        "    Conductor calls{unit}: {all:.0} ({:.2} per task): {}",
-        all / tasks as f64,
-        listed.join(", ")
-    );
-    let apiserver = delta(&before.apiserver, &after.apiserver);
-    let all: f64 = apiserver.values().fold(0.0, |a, b| a + b) * scale;
-    let listed: Vec<String> = apiserver
-        .iter()
-        .map(|(request, n)| format!("{request} {:.0}", n * scale))
-        .collect();
-    println!(
-        "    apiserver requests{unit} on {}: {all:.0} ({:.2} per task): {}",
-        RESOURCES.join(", "),
-        all / tasks as f64,
-        listed.join(", ")
-    );
+    for (what, before, after) in [
+        ("Conductor calls", &before.conductor, &after.conductor),
+        ("apiserver requests", &before.apiserver, &after.apiserver),
+    ] {
+        let counted = delta(before, after);
+        let all: f64 = counted.values().fold(0.0, |a, b| a + b) * scale;
+        let listed: Vec<String> = counted
+            .iter()
+            .map(|(key, n)| format!("{key} {:.0}", n * scale))
+            .collect();
+        println!(
+            "    {what}{unit}: {all:.0} ({:.2} per task): {}",
+            all / tasks as f64,
+            listed.join(", ")
+        );
+    }
 }
 
 /// A fresh operator process (so that its peak memory is this run's), and its metrics URL.
