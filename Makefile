@@ -30,7 +30,7 @@ bench: obtain release-binaries
 ## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
 ## once against the real servers; the figures mean nothing.
 bench-quick: obtain release-binaries
-	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_LARGE_MIB=8 $(CARGO) bench --profile dev -p perago-sidecar --bench runtime --bench workspace
+	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 $(CARGO) bench --profile dev -p perago-sidecar --bench runtime --bench workspace
 	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev -p perago-e2e --bench scaling --bench operator
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and

@@ -1,53 +1,147 @@
-//! What the benchmarks read off the machine: a process's CPU time and peak memory from
-//! `/proc`, and counters from a Prometheus text exposition.
+//! What the benchmarks read off the machine: the CPU time and peak memory of processes and
+//! process trees from `/proc`, and counters from a Prometheus text exposition.
 
 use std::collections::BTreeMap;
 
-/// The `/proc/<pid>` directories of every process named `comm`.
-fn processes(comm: &str) -> Vec<std::path::PathBuf> {
+/// The pids of every process named `comm`.
+fn processes(comm: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
-        .map(|e| e.path())
-        .filter(|path| {
-            std::fs::read_to_string(path.join("comm")).is_ok_and(|name| name.trim() == comm)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|name| name.trim() == comm)
         })
         .collect()
 }
 
 /// utime + stime of every process named `comm`, in seconds.
 pub fn cpu_seconds(comm: &str) -> f64 {
-    let ticks = 100.0; // USER_HZ on Linux
-    let mut total = 0.0;
-    for path in processes(comm) {
-        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
-            continue;
-        };
-        // Fields after the `(comm)`: state is the 3rd field, utime the 14th, stime the 15th.
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0.0);
-        let stime: f64 = fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0.0);
-        total += (utime + stime) / ticks;
-    }
-    total
+    processes(comm)
+        .into_iter()
+        .filter_map(stat_fields)
+        .map(|f| {
+            (11..=12)
+                .filter_map(|i| f.get(i)?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / USER_HZ
 }
 
 /// The largest peak resident set (`VmHWM`) of the processes named `comm`, in MiB.
 pub fn peak_rss_mib(comm: &str) -> f64 {
     processes(comm)
-        .iter()
-        .filter_map(|path| std::fs::read_to_string(path.join("status")).ok())
-        .filter_map(|status| {
-            status.lines().find_map(|line| {
-                line.strip_prefix("VmHWM:")
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            })
-        })
+        .into_iter()
+        .filter_map(|pid| status_kib(pid, "VmHWM:"))
         .fold(0.0, f64::max)
         / 1024.0
+}
+
+const USER_HZ: f64 = 100.0;
+
+/// `/proc/<pid>/stat` after the parenthesised command name, split on whitespace: the
+/// process state is field 0, the parent 1, the process group 2, utime 11, stime 12, cutime
+/// 13 and cstime 14.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        line.strip_prefix(field)?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// A process and every process below it, measured from `/proc`: the peak resident memory
+/// of the tree (the sum of each member's own peak, sampled) and its CPU time, the reaped
+/// children's included.
+pub struct ProcessTree {
+    root: u32,
+    peaks_kib: BTreeMap<u32, f64>,
+}
+
+impl ProcessTree {
+    pub fn new(root: u32) -> Self {
+        Self {
+            root,
+            peaks_kib: BTreeMap::new(),
+        }
+    }
+
+    /// The root and its live descendants.
+    pub fn members(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return vec![self.root];
+        };
+        let parents: Vec<(u32, u32)> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| Some((pid, stat_fields(pid)?.get(1)?.parse().ok()?)))
+            .collect();
+        let mut members = vec![self.root];
+        let mut i = 0;
+        while let Some(&parent) = members.get(i) {
+            members.extend(
+                parents
+                    .iter()
+                    .filter(|(_, p)| *p == parent)
+                    .map(|(c, _)| *c),
+            );
+            i += 1;
+        }
+        members
+    }
+
+    /// Forget the peaks so far, the kernel's included (`clear_refs` 5 resets `VmHWM`; it
+    /// needs the right to write the processes' `clear_refs`, which their owner and root have).
+    pub fn reset_peaks(&mut self) {
+        self.peaks_kib.clear();
+        for pid in self.members() {
+            let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+        }
+    }
+
+    /// Record each member's peak so far; call it often enough to see short-lived members.
+    pub fn sample(&mut self) {
+        for pid in self.members() {
+            if let Some(kib) = status_kib(pid, "VmHWM:") {
+                let peak = self.peaks_kib.entry(pid).or_insert(0.0);
+                *peak = peak.max(kib);
+            }
+        }
+    }
+
+    /// The sum of the members' peaks since the last reset, in MiB: an upper bound of the
+    /// tree's peak, and its peak when the members peak together.
+    pub fn peak_mib(&self) -> f64 {
+        self.peaks_kib.values().sum::<f64>() / 1024.0
+    }
+
+    /// CPU seconds (user + system) of the live members and of the children they reaped.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.members()
+            .into_iter()
+            .filter_map(stat_fields)
+            .map(|f| {
+                (11..=14)
+                    .filter_map(|i| f.get(i)?.parse::<f64>().ok())
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / USER_HZ
+    }
 }
 
 /// The samples of the counter `name` in a Prometheus text exposition, summed by the values
@@ -100,5 +194,25 @@ mod tests {
         let before = BTreeMap::from([("GET/pods".to_owned(), 1.0)]);
         assert_eq!(delta(&before, &sums)["GET/pods"], 3.0);
         assert!(cpu_seconds("no-such-process-name") == 0.0);
+    }
+
+    #[test]
+    fn a_process_tree_holds_its_children_and_their_memory() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let mut tree = ProcessTree::new(std::process::id());
+        assert!(tree.members().contains(&child.id()));
+        tree.reset_peaks();
+        tree.sample();
+        assert!(tree.peak_mib() > 0.0);
+        let busy = std::time::Instant::now();
+        while busy.elapsed() < std::time::Duration::from_millis(50) {
+            std::hint::black_box(busy.elapsed());
+        }
+        assert!(tree.cpu_seconds() > 0.0);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

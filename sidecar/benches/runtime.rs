@@ -3,7 +3,11 @@
 //! server, and the resident memory of each. Prints figures and ratios; asserts nothing. Run
 //! with `make bench`.
 //!
-//! PERAGO_BENCH_TASKS (default 300) sets the tasks per run.
+//! CPU per task is each process tree's user + system time over the run (sidecar, runner and
+//! the bodies; supervisor, broker and executors), divided by the tasks it completed.
+//!
+//! PERAGO_BENCH_TASKS (default 300) sets the tasks per run, PERAGO_BENCH_RUNS (default 3) the
+//! runs of each stack beside the other, whose spread is printed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use perago_api::{contract, manifest, taskdef};
+use perago_e2e::measure::ProcessTree;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::{Selection, Services};
 use serde_json::{Value, json};
@@ -29,7 +34,7 @@ spec:
   taskName: {TASK}
   ownerEmail: bench@example.com
   paramsSchema: {{type: object, properties: {{n: {{type: integer}}}}}}
-  resultSchema: {{type: object, properties: {{total: {{type: integer}}}}, required: [total]}}
+  resultSchema: {{type: object, properties: {{total: {{type: integer}}, pid: {{type: integer}}}}, required: [total]}}
   controls: {{retry: {{count: 0}}, timeout: {{responseSeconds: 60}}}}
   executor: {{body: {{image: body, command: [sh]}}, slots: {slots}}}
 "#
@@ -66,6 +71,10 @@ async fn fill(api: &Arc<ConductorApi>, n: usize) -> Vec<String> {
 
 struct Figures {
     seconds: f64,
+    /// Tasks that ended COMPLETED (the rest are counted in `lost`).
+    completed: usize,
+    lost: usize,
+    cpu_seconds: f64,
     latencies_ms: Vec<f64>,
     /// First poll to last completion, from Conductor's task timestamps: the same clock for
     /// every runtime, whatever its start-up time.
@@ -77,8 +86,12 @@ impl Figures {
         n as f64 / self.seconds
     }
 
-    fn server_rate(&self, n: usize) -> f64 {
-        n as f64 / self.server_seconds
+    fn server_rate(&self) -> f64 {
+        self.completed as f64 / self.server_seconds
+    }
+
+    fn cpu_ms_per_task(&self) -> f64 {
+        1000.0 * self.cpu_seconds / self.completed.max(1) as f64
     }
 
     fn percentile(&self, p: f64) -> f64 {
@@ -100,14 +113,16 @@ impl Figures {
     }
 }
 
-/// Poll → COMPLETED per task (ms) and the span from the first poll to the last completion
-/// (s), from Conductor's own start and end times.
+/// Poll → COMPLETED per completed task (ms) and the span from the first poll to the last
+/// completion (s), from Conductor's own start and end times.
 async fn server_times(api: &ConductorApi, ids: &[String]) -> (Vec<f64>, f64) {
     let mut latencies = Vec::new();
     let (mut first, mut last) = (f64::MAX, 0f64);
     for id in ids {
         let wf = api.workflow(id).await;
-        assert_eq!(wf["status"], "COMPLETED", "{wf}");
+        if wf["status"] != "COMPLETED" {
+            continue;
+        }
         let t = &wf["tasks"][0];
         let (start, end) = (
             t["startTime"].as_f64().unwrap(),
@@ -120,10 +135,13 @@ async fn server_times(api: &ConductorApi, ids: &[String]) -> (Vec<f64>, f64) {
     (latencies, (last - first) / 1000.0)
 }
 
-async fn figures(api: &ConductorApi, ids: &[String], seconds: f64) -> Figures {
+async fn figures(api: &ConductorApi, ids: &[String], seconds: f64, cpu_seconds: f64) -> Figures {
     let (latencies_ms, server_seconds) = server_times(api, ids).await;
     Figures {
         seconds,
+        completed: latencies_ms.len(),
+        lost: ids.len() - latencies_ms.len(),
+        cpu_seconds,
         latencies_ms,
         server_seconds,
     }
@@ -158,7 +176,7 @@ async fn bare_loop(api: &Arc<ConductorApi>, n: usize, workers: usize) -> Figures
         });
     }
     while loops.join_next().await.is_some() {}
-    figures(api, &ids, started.elapsed().as_secs_f64()).await
+    figures(api, &ids, started.elapsed().as_secs_f64(), 0.0).await
 }
 
 fn rss_mb(pid: u32) -> f64 {
@@ -224,6 +242,8 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     let ids = fill(api, n).await;
     let pod = start_pod(bins, &api.base, slots).await;
     let started = Instant::now();
+    let tree = ProcessTree::new(pod.pid() as u32);
+    let cpu_before = tree.cpu_seconds();
     let (sidecar, runner) = (pod.pid() as u32, runner_pid(&pod));
     let (mut sidecar_peak, mut runner_peak) = (0f64, 0f64);
     loop {
@@ -244,9 +264,10 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let cpu = tree.cpu_seconds() - cpu_before;
     pod.stop().await;
     PodRun {
-        figures: figures(api, &ids, seconds).await,
+        figures: figures(api, &ids, seconds, cpu).await,
         sidecar_peak_mb: sidecar_peak,
         runner_peak_mb: runner_peak,
     }
@@ -316,9 +337,30 @@ fn start_python(url: &str, dir: &std::path::Path, slots: u32) -> tokio::process:
         .unwrap()
 }
 
-fn stop_group(pgid: u32) {
+fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
     let pgid = nix::unistd::Pid::from_raw(i32::try_from(pgid).unwrap());
-    let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::killpg(pgid, signal);
+}
+
+fn stop_group(pgid: u32) {
+    signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Until the tree used less than 50 ms of CPU in the last second (at least 2 s, at most 30).
+async fn wait_idle(tree: &ProcessTree) {
+    let started = Instant::now();
+    let mut last = tree.cpu_seconds();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = tree.cpu_seconds();
+        let idle = now - last < 0.05;
+        last = now;
+        if (idle && started.elapsed() >= Duration::from_secs(2))
+            || started.elapsed() > Duration::from_secs(30)
+        {
+            return;
+        }
+    }
 }
 
 struct PythonRun {
@@ -328,30 +370,44 @@ struct PythonRun {
 
 async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun {
     let dir = tempfile::tempdir().unwrap();
-    let ids = fill(api, n).await;
+    // Python's start-up (imports in the supervisor, the broker and each executor) costs
+    // seconds of CPU that no task causes: start it on an empty queue, wait until it idles,
+    // and hold it stopped while the queue fills.
     let child = start_python(&api.base, dir.path(), slots);
     let pgid = child.id().unwrap();
+    let tree = ProcessTree::new(pgid);
+    wait_idle(&tree).await;
+    signal_group(pgid, nix::sys::signal::Signal::SIGSTOP);
+    let ids = fill(api, n).await;
+    let cpu_before = tree.cpu_seconds();
+    signal_group(pgid, nix::sys::signal::Signal::SIGCONT);
     let started = Instant::now();
-    let mut peak = 0f64;
-    for id in &ids {
-        loop {
-            let wf = api.workflow(id).await;
-            if wf["status"] == "COMPLETED" {
-                break;
+    let (mut peak, mut cpu) = (0f64, 0f64);
+    // Until every task has ended, or none has for 10 s: a task Python left behind is counted
+    // as lost rather than waited for until Conductor times it out.
+    let (mut pending, mut progress) = (ids.clone(), Instant::now());
+    let mut last_done = started;
+    while !pending.is_empty() && progress.elapsed() < Duration::from_secs(10) {
+        let mut still = Vec::with_capacity(pending.len());
+        for id in pending {
+            let wf = api.workflow(&id).await;
+            if wf["status"] == "RUNNING" {
+                still.push(id);
+            } else {
+                progress = Instant::now();
+                last_done = progress;
             }
-            assert!(
-                wf["status"] == "RUNNING" && started.elapsed() < Duration::from_secs(300),
-                "Python Perago did not complete {id}: {wf}"
-            );
-            peak = peak.max(group_rss_mb(pgid));
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        pending = still;
+        peak = peak.max(group_rss_mb(pgid));
+        cpu = tree.cpu_seconds() - cpu_before;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = (last_done - started).as_secs_f64();
     peak = peak.max(group_rss_mb(pgid));
     stop_group(pgid);
     PythonRun {
-        figures: figures(api, &ids, seconds).await,
+        figures: figures(api, &ids, seconds, cpu).await,
         peak_mb: peak,
     }
 }
@@ -414,23 +470,44 @@ async fn main() {
     let bare1 = bare_loop(&api, n, 1).await;
     eprintln!("bare loop, 4 workers");
     let bare4 = bare_loop(&api, n, 4).await;
-    eprintln!("sidecar, 1 slot");
-    let one = sidecar_run(&api, &bins, n, 1).await;
-    eprintln!("sidecar, 4 slots");
-    let four = sidecar_run(&api, &bins, n, 4).await;
-    eprintln!("Python Perago, -j 1");
-    let py1 = python_run(&api, n, 1).await;
-    eprintln!("Python Perago, -j 4");
-    let py4 = python_run(&api, n, 4).await;
+    let runs: usize = std::env::var("PERAGO_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    // The same task served by one long-lived Python process that speaks the runner protocol
+    // itself (docs/examples/long_lived_body.py), in place of a fresh `sh` per attempt.
+    let long_lived = PodBinaries {
+        runner: concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/examples/long_lived_body.py"
+        )
+        .into(),
+        ..bins.clone()
+    };
+    let (mut ones, mut fours, mut py1s, mut py4s) = (vec![], vec![], vec![], vec![]);
+    let mut lived = vec![];
+    for run in 1..=runs {
+        eprintln!("run {run}/{runs}: sidecar, 1 slot");
+        ones.push(sidecar_run(&api, &bins, n, 1).await);
+        eprintln!("run {run}/{runs}: sidecar, 4 slots");
+        fours.push(sidecar_run(&api, &bins, n, 4).await);
+        eprintln!("run {run}/{runs}: sidecar, 4 slots, a long-lived body");
+        lived.push(sidecar_run(&api, &long_lived, n, 4).await);
+        eprintln!("run {run}/{runs}: Python Perago, -j 1");
+        py1s.push(python_run(&api, n, 1).await);
+        eprintln!("run {run}/{runs}: Python Perago, -j 4");
+        py4s.push(python_run(&api, n, 4).await);
+    }
 
     println!(
-        "Conductor {} (SQLite) on this machine, {n} tasks per run",
+        "Conductor {} (SQLite) on this machine, {n} tasks per run, {runs} runs",
         services.conductor().version
     );
     println!("{}", bare1.line("bare loop, 1 worker", n));
     println!("{}", bare4.line("bare loop, 4 workers", n));
-    println!("{}", one.figures.line("sidecar, 1 slot", n));
-    println!("{}", four.figures.line("sidecar, 4 slots", n));
+    let (one, four) = (&ones[0], &fours[0]);
+    println!("{}", one.figures.line("sidecar, 1 slot (run 1)", n));
+    println!("{}", four.figures.line("sidecar, 4 slots (run 1)", n));
     let ratio1 = one.figures.rate(n) / bare1.rate(n);
     let ratio4 = four.figures.rate(n) / bare4.rate(n);
     println!(
@@ -439,37 +516,103 @@ async fn main() {
         ratio4 * 100.0,
         verdict(ratio4 >= 0.8)
     );
+    let sidecar_peak = fours.iter().map(|r| r.sidecar_peak_mb).fold(0.0, f64::max);
     println!(
-        "sidecar RSS: idle {idle_sidecar:.1} MB (target < 30: {}), 4 busy slots peak {:.1} MB (target < 60: {})",
+        "sidecar RSS: idle {idle_sidecar:.1} MB (target < 30: {}), 4 busy slots peak {sidecar_peak:.1} MB (target < 60: {})",
         verdict(idle_sidecar < 30.0),
-        four.sidecar_peak_mb,
-        verdict(four.sidecar_peak_mb < 60.0)
+        verdict(sidecar_peak < 60.0)
     );
-    let runner_peak = one.runner_peak_mb.max(four.runner_peak_mb).max(idle_runner);
+    let runner_peak = ones
+        .iter()
+        .chain(&fours)
+        .map(|r| r.runner_peak_mb)
+        .fold(idle_runner, f64::max);
     println!(
         "runner RSS: idle {idle_runner:.1} MB, peak {runner_peak:.1} MB (target < 8: {})",
         verdict(runner_peak < 8.0)
     );
 
-    println!("\nbeside Python Perago 0.6.1 (perago start; rates from Conductor's task timestamps)");
-    for (label, ours, theirs) in [
-        ("1 slot / -j 1", &one, &py1),
-        ("4 slots / -j 4", &four, &py4),
+    println!(
+        "\nbeside Python Perago 0.6.1 (perago start; rates from Conductor's task timestamps; CPU of each process tree per completed task)"
+    );
+    let mut worst_ratio4 = f64::INFINITY;
+    for run in 0..runs {
+        for (label, ours, theirs) in [
+            ("1 slot / -j 1", &ones[run].figures, &py1s[run].figures),
+            ("4 slots / -j 4", &fours[run].figures, &py4s[run].figures),
+        ] {
+            let ratio = ours.server_rate() / theirs.server_rate();
+            if label.starts_with('4') {
+                worst_ratio4 = worst_ratio4.min(ratio);
+            }
+            println!(
+                "run {} {label:<15} sidecar {:>6.1} tasks/s, p50 {:>5.1} ms, CPU {:>5.2} ms/task | Python {:>6.1} tasks/s, p50 {:>5.1} ms, CPU {:>5.2} ms/task{} | throughput ×{ratio:.2}, CPU {:.0}% of Python's",
+                run + 1,
+                ours.server_rate(),
+                ours.percentile(0.5),
+                ours.cpu_ms_per_task(),
+                theirs.server_rate(),
+                theirs.percentile(0.5),
+                theirs.cpu_ms_per_task(),
+                if theirs.lost > 0 {
+                    format!(" ({} of {n} not completed)", theirs.lost)
+                } else {
+                    String::new()
+                },
+                100.0 * ours.cpu_ms_per_task() / theirs.cpu_ms_per_task(),
+            );
+        }
+    }
+    let median = |v: Vec<f64>| {
+        let mut v = v;
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let p50 = |runs: &[&Figures]| median(runs.iter().map(|f| f.percentile(0.5)).collect());
+    let cpu = |runs: &[&Figures]| median(runs.iter().map(|f| f.cpu_ms_per_task()).collect());
+    let (ours1, ours4): (Vec<&Figures>, Vec<&Figures>) = (
+        ones.iter().map(|r| &r.figures).collect(),
+        fours.iter().map(|r| &r.figures).collect(),
+    );
+    let (theirs1, theirs4): (Vec<&Figures>, Vec<&Figures>) = (
+        py1s.iter().map(|r| &r.figures).collect(),
+        py4s.iter().map(|r| &r.figures).collect(),
+    );
+    println!(
+        "targets: 4-slot throughput ≥ 1.2× Python's in every run: worst ×{worst_ratio4:.2} {}; p50 at or below Python's (medians): 1 slot {:.1} vs {:.1} ms {}, 4 slots {:.1} vs {:.1} ms {}; CPU per task ≤ 1/3 of Python's (medians): 1 slot {:.2} vs {:.2} ms {}, 4 slots {:.2} vs {:.2} ms {}",
+        verdict(worst_ratio4 >= 1.2),
+        p50(&ours1),
+        p50(&theirs1),
+        verdict(p50(&ours1) <= p50(&theirs1)),
+        p50(&ours4),
+        p50(&theirs4),
+        verdict(p50(&ours4) <= p50(&theirs4)),
+        cpu(&ours1),
+        cpu(&theirs1),
+        verdict(cpu(&ours1) * 3.0 <= cpu(&theirs1)),
+        cpu(&ours4),
+        cpu(&theirs4),
+        verdict(cpu(&ours4) * 3.0 <= cpu(&theirs4)),
+    );
+    println!("\nwhat a body costs, 4 slots (median of {runs} runs)");
+    for (label, runs) in [
+        ("a fresh sh per attempt (perago-runner)", &fours),
+        ("one long-lived Python process (the protocol)", &lived),
     ] {
+        let figures: Vec<&Figures> = runs.iter().map(|r| &r.figures).collect();
         println!(
-            "{label:<15} sidecar {:>6.1} tasks/s, p50 {:>5.1} ms | Python {:>6.1} tasks/s, p50 {:>5.1} ms | throughput ×{:.2}",
-            ours.figures.server_rate(n),
-            ours.figures.percentile(0.5),
-            theirs.figures.server_rate(n),
-            theirs.figures.percentile(0.5),
-            ours.figures.server_rate(n) / theirs.figures.server_rate(n)
+            "{label:<46} {:>6.1} tasks/s, p50 {:>5.1} ms, CPU {:>5.2} ms/task (sidecar + body), body peak {:.1} MB",
+            median(figures.iter().map(|f| f.server_rate()).collect()),
+            p50(&figures),
+            cpu(&figures),
+            runs.iter().map(|r| r.runner_peak_mb).fold(0.0, f64::max),
         );
     }
     let ours_idle = idle_sidecar + idle_runner;
-    let ours_busy = four.sidecar_peak_mb + four.runner_peak_mb;
+    let ours_busy = sidecar_peak + fours.iter().map(|r| r.runner_peak_mb).fold(0.0, f64::max);
+    let python_busy = py4s.iter().map(|r| r.peak_mb).fold(0.0, f64::max);
     println!(
-        "memory, 4 slots: sidecar + runner idle {ours_idle:.1} MB, busy {ours_busy:.1} MB | Python (supervisor, broker, 4 executors) idle {python_idle:.1} MB, busy {:.1} MB | {:.0}% of Python's",
-        py4.peak_mb,
-        100.0 * ours_busy / py4.peak_mb
+        "memory, 4 slots: sidecar + runner idle {ours_idle:.1} MB, busy {ours_busy:.1} MB | Python (supervisor, broker, 4 executors) idle {python_idle:.1} MB, busy {python_busy:.1} MB | {:.0}% of Python's",
+        100.0 * ours_busy / python_busy
     );
 }

@@ -1,249 +1,850 @@
-//! Workspace transfer figures against the real lakeFS: download, stage and publish of a
-//! workspace of 2,000 small files with 1% changed, and of a few large files, with the objects
-//! and bytes uploaded; parallel against one-at-a-time download; and the peak resident memory
-//! while a 1 GiB file is downloaded and staged. Prints figures; asserts nothing.
+//! One attempt's workspace path, side by side, against the same lakeFS and Conductor in one
+//! run. Four workloads are each downloaded, changed by one shell script, staged and published
+//! by
+//! - the sidecar: a local pod (`perago-sidecar local`, the runner and a shell body);
+//! - Python Perago 0.6.1: `perago start -j 1`, whose Python body runs the same script;
+//! - the ceiling: a plain HTTP client with the sidecar's parallelism that makes only the
+//!   lakeFS calls each phase needs (list and get; list, branch, upload and commit; the
+//!   target's head and the merge), and is told which files changed.
 //!
-//! PERAGO_BENCH_LARGE_MIB (default 1024) sets the size of the large file,
-//! PERAGO_BENCH_PARALLELISM (default 16, the sidecar's default) the transfers at once.
+//! Phase times are each side's own spans. The sidecar's come from its
+//! `runtime_workspace_io_duration_seconds`. Python's are the calls its `workspace_io` timers
+//! wrap (`download_workspace`, `stage_workspace`, `publish_workspace`); the bench's task
+//! module times them itself, because Python exports its metrics only over OTLP. Peak memory
+//! is each process tree's (the sum of its members' peaks). Prints figures and ratios; asserts
+//! only that every attempt completed.
+//!
+//! PERAGO_BENCH_SCALE (percent, default 100) scales the file counts and the large file,
+//! PERAGO_BENCH_WORKLOADS (default `abcd`) picks workloads;
+//! PERAGO_BENCH_PARALLELISM (default 16, the sidecar's default) sets the transfers at once.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::{StreamExt, TryStreamExt};
+use perago_api::{contract, manifest, taskdef};
+use perago_e2e::lake::Lake;
+use perago_e2e::measure::{ProcessTree, counter_by, delta};
+use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, Services};
 use perago_sidecar::lakefs::LakeFsClient;
-use perago_sidecar::workspace::{download, publish, snapshot};
-use serde_json::json;
+use perago_sidecar::workspace::{publish, snapshot};
+use serde_json::{Value, json};
 
-fn parallelism() -> usize {
-    std::env::var("PERAGO_BENCH_PARALLELISM")
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(16)
+        .unwrap_or(default)
 }
+
+fn parallelism() -> usize {
+    env_number("PERAGO_BENCH_PARALLELISM", 16) as usize
+}
+
 const TIMEOUT: Duration = Duration::from_secs(900);
 
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+/// The change every side's body makes: `change.sh <workspace> <op> <n> [<step>]`.
+const CHANGE: &str = r#"set -eu
+dir=$1 op=$2 n=$3 step=${4:-1}
+case "$op" in
+rewrite) i=0; while [ "$i" -lt "$n" ]; do printf '%s,changed\n' "$i" > "$dir/part-$((i / 100))/$i.csv"; i=$((i + step)); done ;;
+new) i=0; while [ "$i" -lt "$n" ]; do head -c 1048576 /dev/urandom > "$dir/new-$i.bin"; i=$((i + 1)); done ;;
+large) head -c $((n * 1048576)) /dev/urandom > "$dir/large.bin" ;;
+esac
+"#;
+
+/// What a workload starts from.
+enum Seed {
+    /// `files` files of about 1 KB, 100 to a directory: `part-<i / 100>/<i>.csv`.
+    Small { files: u64 },
+    /// Nothing: the repository's first commit.
+    Empty,
+    /// One file, `large.bin`, of this many MiB.
+    Large { mib: u64 },
 }
 
-async fn repository(endpoint: &str, name: &str) -> String {
-    let resp = reqwest::Client::new()
-        .post(format!("{endpoint}/api/v1/repositories"))
-        .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
-        .json(&json!({"name": name, "storage_namespace": format!("local://{name}"), "default_branch": "main"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 201);
-    name.to_owned()
+struct Workload {
+    key: &'static str,
+    label: String,
+    seed: Seed,
+    /// The arguments of `change.sh` after the workspace.
+    change: String,
 }
 
-/// Upload a local tree to main in parallel and commit it; returns the commit.
-async fn seed(c: &LakeFsClient, repo: &str, dir: &Path) -> String {
-    let items = snapshot::take(dir).unwrap();
-    let plan = publish::plan(&items, &BTreeMap::new(), "/").unwrap();
-    publish::apply(c, repo, "main", &plan, dir, parallelism(), TIMEOUT)
-        .await
-        .unwrap();
-    c.commit(repo, "main", "seed", &BTreeMap::new())
-        .await
-        .unwrap()
-        .id
+impl Workload {
+    /// The keys `change.sh` writes: what the ceiling is told changed.
+    fn changed_keys(&self) -> Vec<String> {
+        let args: Vec<u64> = self
+            .change
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|a| a.parse().ok())
+            .collect();
+        let (n, step) = (args[0], args.get(1).copied().unwrap_or(1));
+        match self.change.split_whitespace().next() {
+            Some("rewrite") => (0..n)
+                .step_by(step as usize)
+                .map(|i| format!("part-{}/{i}.csv", i / 100))
+                .collect(),
+            Some("new") => (0..n).map(|i| format!("new-{i}.bin")).collect(),
+            _ => vec!["large.bin".to_owned()],
+        }
+    }
 }
 
+fn workloads(scale: u64) -> Vec<Workload> {
+    let scaled = |n: u64| (n * scale / 100).max(1);
+    let (a, b, c, d) = (scaled(2000), scaled(200), scaled(1024), scaled(20_000));
+    vec![
+        Workload {
+            key: "a",
+            label: format!("{a} x 1 KB, 1% changed"),
+            seed: Seed::Small { files: a },
+            change: format!("rewrite {a} 100"),
+        },
+        Workload {
+            key: "b",
+            label: format!("{b} x 1 MiB, all new"),
+            seed: Seed::Empty,
+            change: format!("new {b}"),
+        },
+        Workload {
+            key: "c",
+            label: format!("1 x {c} MiB, rewritten"),
+            seed: Seed::Large { mib: c },
+            change: format!("large {c}"),
+        },
+        Workload {
+            key: "d",
+            label: format!("{d} x 1 KB, 10 changed"),
+            seed: Seed::Small { files: d },
+            change: format!("rewrite {d} {}", (d / 10).max(1)),
+        },
+    ]
+}
+
+/// One side's figures for one workload.
+#[derive(Default)]
 struct Figures {
     download_s: f64,
     stage_s: f64,
     publish_s: f64,
-    uploads: usize,
-    deletes: usize,
+    uploads: u64,
     upload_bytes: u64,
+    peak_mib: f64,
 }
 
-/// Download `input`, let `change` edit the workspace, stage on a branch and merge into main.
-async fn transaction(
-    c: &LakeFsClient,
+impl Figures {
+    fn phases(&self) -> [f64; 3] {
+        [self.download_s, self.stage_s, self.publish_s]
+    }
+}
+
+// --- The sidecar -------------------------------------------------------------------------
+
+const OUR_TASK: &str = "bench.ws.sidecar";
+const PYTHON_TASK: &str = "bench.ws.python";
+
+fn spec(task: &str) -> perago_api::PeragoTaskSpec {
+    let yaml = format!(
+        r#"
+apiVersion: perago.io/v1alpha1
+kind: PeragoTask
+metadata: {{name: bench}}
+spec:
+  taskName: {task}
+  ownerEmail: bench@example.com
+  workspace: {{prefix: /}}
+  paramsSchema: {{type: object, properties: {{args: {{type: string}}}}, required: [args]}}
+  resultSchema: {{type: object, properties: {{ok: {{type: boolean}}}}, required: [ok]}}
+  controls: {{retry: {{count: 0}}, timeout: {{seconds: 3600, responseSeconds: 3600}}}}
+  metrics: {{workspaceIo: true}}
+  executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
+"#
+    );
+    manifest::parse(&yaml).unwrap().remove(0).task.spec
+}
+
+const OUR_BODY: &str = r#"
+args=$(sed -n 's/.*"args" *: *"\([^"]*\)".*/\1/p' "$PERAGO_PARAMS")
+# shellcheck disable=SC2086
+sh "$BENCH_CHANGE" "$PERAGO_WORKSPACE" $args
+printf '{"ok": true}' > "$PERAGO_RESULT"
+"#;
+
+fn lakefs_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("LAKECTL_SERVER_ENDPOINT_URL", endpoint.to_owned()),
+        (
+            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+            LAKEFS_ACCESS_KEY_ID.into(),
+        ),
+        (
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+            LAKEFS_SECRET_ACCESS_KEY.into(),
+        ),
+    ]
+}
+
+fn io_sums(metrics: &str) -> BTreeMap<String, f64> {
+    counter_by(
+        metrics,
+        "runtime_workspace_io_duration_seconds_sum",
+        &["operation"],
+    )
+}
+
+/// The last `workspace staged` line of the pod's log: objects and bytes uploaded.
+fn staged_counts(log: &str) -> (u64, u64) {
+    log.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| {
+            v["fields"]["message"] == "workspace staged" || v["message"] == "workspace staged"
+        })
+        .map(|v| {
+            let fields = if v["fields"].is_object() {
+                &v["fields"]
+            } else {
+                &v
+            };
+            (
+                fields["uploads"].as_u64().unwrap_or(0),
+                fields["upload_bytes"].as_u64().unwrap_or(0),
+            )
+        })
+        .unwrap_or_default()
+}
+
+// --- Python Perago -----------------------------------------------------------------------
+
+/// The same task for Python Perago, and a wrapper that times the calls its `workspace_io`
+/// timers wrap and counts what its sync plan uploads, one JSON line each in `BENCH_TIMES`.
+const PYTHON_MODULE: &str = r#"
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from perago import WorkspaceSpec, task
+from perago import lakefs_runtime
+
+
+def _record(**fields):
+    with open(os.environ["BENCH_TIMES"], "a") as out:
+        out.write(json.dumps(fields) + "\n")
+
+
+def _timed(phase, call):
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            _record(phase=phase, seconds=time.perf_counter() - started)
+    return timed
+
+
+_runtime = lakefs_runtime.LakeFSWorkspaceRuntime
+_runtime.download_workspace = _timed("download", _runtime.download_workspace)
+_runtime.stage_workspace = _timed("stage", _runtime.stage_workspace)
+_runtime.publish_workspace = _timed("publish", _runtime.publish_workspace)
+_plan = lakefs_runtime.build_workspace_sync_plan
+
+
+def _counted(*args, **kwargs):
+    plan = _plan(*args, **kwargs)
+    _record(phase="plan", uploads=len(plan.upload_files),
+            upload_bytes=sum(f.local_path.stat().st_size for f in plan.upload_files))
+    return plan
+
+
+lakefs_runtime.build_workspace_sync_plan = _counted
+
+
+class Params(BaseModel):
+    args: str
+
+
+class Result(BaseModel):
+    ok: bool
+
+
+@task(name="TASK_NAME", owner_email="bench@example.com", description="", workspace=WorkspaceSpec(prefix="/"))
+def change(workspace: Path, params: Params) -> Result:
+    subprocess.run(["sh", os.environ["BENCH_CHANGE"], str(workspace), *params.args.split()], check=True)
+    return Result(ok=True)
+"#;
+
+struct PythonWorker {
+    child: tokio::process::Child,
+    times: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PythonWorker {
+    fn start(lakefs: &str, conductor: &str, change: &Path) -> Self {
+        use std::process::Stdio;
+        let python = perago_e2e::process::obtain("perago-python").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("perago-python-")
+            .tempdir()
+            .unwrap();
+        std::fs::write(
+            dir.path().join("benchws.py"),
+            PYTHON_MODULE.replace("TASK_NAME", PYTHON_TASK),
+        )
+        .unwrap();
+        let times = dir.path().join("times.jsonl");
+        let child = tokio::process::Command::new(python)
+            .args([
+                "-c",
+                "from perago.cli import app; app()",
+                "start",
+                "benchws",
+                "-j",
+                "1",
+            ])
+            .env("PYTHONPATH", dir.path())
+            .env("CONDUCTOR_SERVER_URL", conductor)
+            .envs(lakefs_env(lakefs))
+            .env("PERAGO_WORKSPACE_ROOT", dir.path().join("workspaces"))
+            .env("PERAGO_LOG_ROOT", dir.path().join("logs"))
+            .env("BENCH_TIMES", &times)
+            .env("BENCH_CHANGE", change)
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            times,
+            _dir: dir,
+        }
+    }
+
+    /// The phases recorded since line `from` of the times file.
+    fn figures(&self, from: usize) -> (Figures, usize) {
+        let text = std::fs::read_to_string(&self.times).unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let mut f = Figures::default();
+        for v in &lines[from.min(lines.len())..] {
+            let seconds = v["seconds"].as_f64().unwrap_or(0.0);
+            match v["phase"].as_str().unwrap_or("") {
+                "download" => f.download_s += seconds,
+                "stage" => f.stage_s += seconds,
+                "publish" => f.publish_s += seconds,
+                "plan" => {
+                    f.uploads += v["uploads"].as_u64().unwrap_or(0);
+                    f.upload_bytes += v["upload_bytes"].as_u64().unwrap_or(0);
+                }
+                _ => {}
+            }
+        }
+        (f, lines.len())
+    }
+}
+
+impl Drop for PythonWorker {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+// --- The ceiling: a plain client ---------------------------------------------------------
+
+struct Plain {
+    api: String,
+    http: reqwest::Client,
+}
+
+impl Plain {
+    fn new(endpoint: &str) -> Self {
+        Self {
+            api: format!("{endpoint}/api/v1"),
+            http: reqwest::Client::builder().timeout(TIMEOUT).build().unwrap(),
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.api))
+            .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> reqwest::Response {
+        let resp = request.send().await.unwrap();
+        assert!(
+            resp.status().is_success(),
+            "lakeFS answered {}",
+            resp.status()
+        );
+        resp
+    }
+
+    /// Every object key at `reference`, a thousand to a page.
+    async fn list(&self, repo: &str, reference: &str) -> Vec<String> {
+        let (mut keys, mut after) = (Vec::new(), String::new());
+        loop {
+            let page: Value = self
+                .send(
+                    self.request(
+                        reqwest::Method::GET,
+                        &format!("/repositories/{repo}/refs/{reference}/objects/ls"),
+                    )
+                    .query(&[("amount", "1000"), ("after", after.as_str())]),
+                )
+                .await
+                .json()
+                .await
+                .unwrap();
+            for o in page["results"].as_array().unwrap() {
+                keys.push(o["path"].as_str().unwrap().to_owned());
+            }
+            if page["pagination"]["has_more"] != true {
+                return keys;
+            }
+            after = page["pagination"]["next_offset"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+    }
+
+    async fn download(&self, repo: &str, reference: &str, dir: &Path) {
+        let keys = self.list(repo, reference).await;
+        futures_util::stream::iter(keys)
+            .map(|key| async move {
+                let path = dir.join(&key);
+                tokio::fs::create_dir_all(path.parent().unwrap())
+                    .await
+                    .unwrap();
+                let resp = self
+                    .send(
+                        self.request(
+                            reqwest::Method::GET,
+                            &format!("/repositories/{repo}/refs/{reference}/objects"),
+                        )
+                        .query(&[("path", key.as_str())]),
+                    )
+                    .await;
+                let mut file = tokio::fs::File::create(&path).await.unwrap();
+                let mut body = resp.bytes_stream();
+                while let Some(chunk) = body.next().await {
+                    tokio::io::AsyncWriteExt::write_all(&mut file, &chunk.unwrap())
+                        .await
+                        .unwrap();
+                }
+                Ok::<_, ()>(())
+            })
+            .buffer_unordered(parallelism())
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap();
+    }
+
+    /// List the base, branch from it, upload `changed` (streamed) and commit.
+    async fn stage(&self, repo: &str, base: &str, branch: &str, dir: &Path, changed: &[String]) {
+        self.list(repo, base).await;
+        self.send(
+            self.request(
+                reqwest::Method::POST,
+                &format!("/repositories/{repo}/branches"),
+            )
+            .json(&json!({"name": branch, "source": base})),
+        )
+        .await;
+        futures_util::stream::iter(changed)
+            .map(|key| async move {
+                let file = tokio::fs::File::open(dir.join(key)).await.unwrap();
+                let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+                    file,
+                    64 * 1024,
+                ));
+                self.send(
+                    self.request(
+                        reqwest::Method::POST,
+                        &format!("/repositories/{repo}/branches/{branch}/objects"),
+                    )
+                    .query(&[("path", key.as_str())])
+                    .header("Content-Type", "application/octet-stream")
+                    .body(body),
+                )
+                .await;
+                Ok::<_, ()>(())
+            })
+            .buffer_unordered(parallelism())
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap();
+        self.send(
+            self.request(
+                reqwest::Method::POST,
+                &format!("/repositories/{repo}/branches/{branch}/commits"),
+            )
+            .json(&json!({"message": "ceiling try"})),
+        )
+        .await;
+    }
+
+    /// Read the target's head (the check that it has not moved) and merge.
+    async fn merge(&self, repo: &str, source: &str, target: &str) {
+        self.send(self.request(
+            reqwest::Method::GET,
+            &format!("/repositories/{repo}/branches/{target}"),
+        ))
+        .await;
+        self.send(
+            self.request(
+                reqwest::Method::POST,
+                &format!("/repositories/{repo}/refs/{source}/merge/{target}"),
+            )
+            .json(&json!({"squash_merge": true})),
+        )
+        .await;
+    }
+}
+
+async fn ceiling(
+    plain: &Plain,
     repo: &str,
     input: &str,
-    change: impl FnOnce(&Path),
+    workload: &Workload,
+    change: &Path,
 ) -> Figures {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
-    download::download(c, repo, input, "/", dir.path(), parallelism(), TIMEOUT)
-        .await
-        .unwrap();
+    plain.download(repo, input, dir.path()).await;
     let download_s = started.elapsed().as_secs_f64();
-    change(dir.path());
+    run_change(change, dir.path(), &workload.change);
+    let changed = workload.changed_keys();
+    let upload_bytes = changed
+        .iter()
+        .map(|k| std::fs::metadata(dir.path().join(k)).unwrap().len())
+        .sum();
+    let branch = format!("ceiling-try-{}", workload.key);
     let started = Instant::now();
-    let path = dir.path().to_owned();
-    let items = tokio::task::spawn_blocking(move || snapshot::take(&path))
-        .await
-        .unwrap()
-        .unwrap();
-    let base = publish::base_objects(c, repo, input, "/").await.unwrap();
-    let plan = publish::plan(&items, &base, "/").unwrap();
-    let branch = format!("bench-staging-{}", uuid::Uuid::new_v4().simple());
-    c.create_branch(repo, &branch, input).await.unwrap();
-    publish::apply(c, repo, &branch, &plan, dir.path(), parallelism(), TIMEOUT)
-        .await
-        .unwrap();
-    c.commit(repo, &branch, "perago try", &BTreeMap::new())
-        .await
-        .unwrap();
+    plain
+        .stage(repo, input, &branch, dir.path(), &changed)
+        .await;
     let stage_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    c.squash_merge(repo, &branch, "main", &BTreeMap::new(), TIMEOUT)
-        .await
-        .unwrap();
+    plain.merge(repo, &branch, "ceiling").await;
     let publish_s = started.elapsed().as_secs_f64();
-    c.delete_branch(repo, &branch).await.unwrap();
     Figures {
         download_s,
         stage_s,
         publish_s,
-        uploads: plan.uploads.len(),
-        deletes: plan.deletes.len(),
-        upload_bytes: plan.upload_bytes,
+        uploads: changed.len() as u64,
+        upload_bytes,
+        peak_mib: 0.0,
     }
 }
 
-fn print(label: &str, f: &Figures) {
-    println!(
-        "{label:<34} download {:>6.2} s, stage {:>6.2} s ({} uploads, {} deletes, {} bytes), publish {:>5.2} s",
-        f.download_s, f.stage_s, f.uploads, f.deletes, f.upload_bytes, f.publish_s
-    );
+/// `sync(1)`: write back the dirty pages of what ran before.
+fn flush_dirty_pages() {
+    let _ = std::process::Command::new("sync").status();
 }
 
-fn write_file(path: &Path, bytes: u64, seed: u8) {
+fn run_change(change: &Path, dir: &Path, args: &str) {
+    let status = std::process::Command::new("sh")
+        .arg(change)
+        .arg(dir)
+        .args(args.split_whitespace())
+        .status()
+        .unwrap();
+    assert!(status.success(), "change.sh {args}: {status}");
+}
+
+// --- The run -----------------------------------------------------------------------------
+
+fn write_large(path: &Path, mib: u64) {
+    use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let block: Vec<u8> = (0..1024 * 1024)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .map(|i| (i as u8).wrapping_mul(31))
         .collect();
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..n]).unwrap();
-        left -= n as u64;
+    for _ in 0..mib {
+        f.write_all(&block).unwrap();
+    }
+}
+
+/// A repository holding the workload's seed on main, with the branches `sidecar`, `python`
+/// and `ceiling` made from it; returns the seed commit.
+async fn seed(lake: &Lake, c: &LakeFsClient, repo: &str, seed: &Seed) -> String {
+    lake.post(
+        "/repositories",
+        json!({"name": repo, "storage_namespace": format!("local://{repo}"), "default_branch": "main"}),
+    )
+    .await
+    .unwrap();
+    let src = tempfile::tempdir().unwrap();
+    match seed {
+        Seed::Small { files } => {
+            for i in 0..*files {
+                let dir = src.path().join(format!("part-{}", i / 100));
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(
+                    dir.join(format!("{i}.csv")),
+                    format!("{i},{}\n", "x".repeat(1000)),
+                )
+                .unwrap();
+            }
+        }
+        Seed::Empty => {}
+        Seed::Large { mib } => write_large(&src.path().join("large.bin"), *mib),
+    }
+    let commit = if matches!(seed, Seed::Empty) {
+        c.branch_head(repo, "main").await.unwrap()
+    } else {
+        let items = snapshot::take(src.path()).unwrap();
+        let plan = publish::plan(&items, &BTreeMap::new(), "/").unwrap();
+        publish::apply(c, repo, "main", &plan, src.path(), parallelism(), TIMEOUT)
+            .await
+            .unwrap();
+        c.commit(repo, "main", "seed", &BTreeMap::new())
+            .await
+            .unwrap()
+            .id
+    };
+    for branch in ["sidecar", "python", "ceiling"] {
+        c.create_branch(repo, branch, &commit).await.unwrap();
+    }
+    commit
+}
+
+/// Start a one-step workflow on `branch` and wait for it, sampling `tree` every 50 ms.
+async fn attempt(
+    api: &ConductorApi,
+    task: &str,
+    repo: &str,
+    branch: &str,
+    input: &str,
+    workload: &Workload,
+    tree: &mut ProcessTree,
+) {
+    tree.reset_peaks();
+    let task_input = json!({
+        "workspace": {"repository": repo, "branch": branch, "refType": "commit", "ref": input},
+        "params": {"args": workload.change},
+    });
+    let id = api.start(task, workload.key, task_input).await;
+    let started = Instant::now();
+    loop {
+        tree.sample();
+        let wf = api.workflow(&id).await;
+        match wf["status"].as_str().unwrap_or("") {
+            "COMPLETED" => return,
+            "RUNNING" if started.elapsed() < Duration::from_secs(3600) => {}
+            _ => panic!("{task} did not complete workload {}: {wf}", workload.key),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ratio(slow: f64, fast: f64) -> String {
+    if fast > 0.0 {
+        format!("{:.1}x", slow / fast)
+    } else {
+        "-".into()
     }
 }
 
 #[tokio::main]
 async fn main() {
-    let large_mib: u64 = std::env::var("PERAGO_BENCH_LARGE_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1024);
+    let scale = env_number("PERAGO_BENCH_SCALE", 100);
     let services = Services::start(Selection {
+        conductor: true,
         lakefs: true,
         ..Selection::default()
     })
     .await
     .unwrap();
     let endpoint = services.lakefs().endpoint.clone();
-    let c = LakeFsClient::new(
+    let api = Arc::new(ConductorApi::new(&services.conductor().api_url));
+    let lake = Lake::new(&endpoint);
+    let client = LakeFsClient::new(
         &endpoint,
         LAKEFS_ACCESS_KEY_ID,
         LAKEFS_SECRET_ACCESS_KEY,
         Duration::from_secs(60),
     )
     .unwrap();
-    let run = std::process::id();
+    let plain = Plain::new(&endpoint);
+    let scratch = tempfile::tempdir().unwrap();
+    let change = scratch.path().join("change.sh");
+    std::fs::write(&change, CHANGE).unwrap();
 
-    // 2,000 small files, 1% changed.
-    let repo = repository(&endpoint, &format!("bench-small-{run}")).await;
-    let src = tempfile::tempdir().unwrap();
-    for i in 0..2000 {
-        let dir = src.path().join(format!("part-{:02}", i % 20));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join(format!("{i:05}.csv")),
-            format!("{i},{}\n", "x".repeat(1000)),
+    let ours = spec(OUR_TASK);
+    for task in [&ours, &spec(PYTHON_TASK)] {
+        api.call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([taskdef::render(task).unwrap()])),
         )
-        .unwrap();
+        .await;
     }
-    let input = seed(&c, &repo, src.path()).await;
-    let sequential = {
-        let dir = tempfile::tempdir().unwrap();
-        let started = Instant::now();
-        download::download(&c, &repo, &input, "/", dir.path(), 1, TIMEOUT)
-            .await
-            .unwrap();
-        started.elapsed().as_secs_f64()
-    };
-    let small = transaction(&c, &repo, &input, |dir| {
-        for i in (0..2000).step_by(100) {
-            std::fs::write(
-                dir.join(format!("part-{:02}/{i:05}.csv", i % 20)),
-                format!("{i},changed\n"),
-            )
-            .unwrap();
-        }
-    })
-    .await;
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
+    let contract = serde_json::to_value(contract::render(&ours).unwrap()).unwrap();
+    let mut env = lakefs_env(&endpoint);
+    env.push(("BENCH_CHANGE", change.display().to_string()));
+    env.push(("PERAGO_TRANSFER_PARALLELISM", parallelism().to_string()));
+    env.push(("PERAGO_LOG", "warn,perago_sidecar::pipeline=info".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let pod = Pod::start(&bins, &api.base, &contract, OUR_BODY, &env).await;
+    let mut pod_tree = ProcessTree::new(pod.pid() as u32);
+    let python = PythonWorker::start(&endpoint, &api.base, &change);
+    let mut python_tree = ProcessTree::new(python.child.id().unwrap());
+    let mut python_lines = 0;
 
-    // A few large files, one changed.
-    let repo = repository(&endpoint, &format!("bench-large-{run}")).await;
-    let src = tempfile::tempdir().unwrap();
-    for i in 0..4u8 {
-        write_file(&src.path().join(format!("model-{i}.bin")), 64 << 20, i);
+    let run = std::process::id();
+    let mut rows = Vec::new();
+    let only = std::env::var("PERAGO_BENCH_WORKLOADS").unwrap_or_else(|_| "abcd".into());
+    for workload in workloads(scale)
+        .into_iter()
+        .filter(|w| only.contains(w.key))
+    {
+        eprintln!("workload ({}) {}: seeding", workload.key, workload.label);
+        let repo = format!("bench-ws-{}-{run}", workload.key);
+        let input = seed(&lake, &client, &repo, &workload.seed).await;
+
+        // Each side starts with no dirty pages of the one before it to write back.
+        flush_dirty_pages();
+        eprintln!("  ceiling");
+        let top = ceiling(&plain, &repo, &input, &workload, &change).await;
+
+        flush_dirty_pages();
+        eprintln!("  sidecar");
+        let before = io_sums(&pod.metrics().await);
+        attempt(
+            &api,
+            OUR_TASK,
+            &repo,
+            "sidecar",
+            &input,
+            &workload,
+            &mut pod_tree,
+        )
+        .await;
+        let spent = delta(&before, &io_sums(&pod.metrics().await));
+        let (uploads, upload_bytes) = staged_counts(&pod.log());
+        let sidecar = Figures {
+            download_s: spent.get("download").copied().unwrap_or(0.0),
+            stage_s: spent.get("upload").copied().unwrap_or(0.0),
+            publish_s: spent.get("publish").copied().unwrap_or(0.0),
+            uploads,
+            upload_bytes,
+            peak_mib: pod_tree.peak_mib(),
+        };
+
+        flush_dirty_pages();
+        eprintln!("  Python Perago");
+        attempt(
+            &api,
+            PYTHON_TASK,
+            &repo,
+            "python",
+            &input,
+            &workload,
+            &mut python_tree,
+        )
+        .await;
+        let (mut py, lines) = python.figures(python_lines);
+        python_lines = lines;
+        py.peak_mib = python_tree.peak_mib();
+
+        rows.push((workload, sidecar, py, top));
     }
-    let input = seed(&c, &repo, src.path()).await;
-    let large = transaction(&c, &repo, &input, |dir| {
-        write_file(&dir.join("model-2.bin"), 64 << 20, 99)
-    })
-    .await;
-
-    // One large file downloaded and staged, memory measured.
-    let repo = repository(&endpoint, &format!("bench-huge-{run}")).await;
-    let src = tempfile::tempdir().unwrap();
-    write_file(&src.path().join("huge.bin"), large_mib << 20, 1);
-    let input = seed(&c, &repo, src.path()).await;
-    drop(src);
-    let before = peak_rss_mb();
-    let huge = transaction(&c, &repo, &input, |dir| {
-        write_file(&dir.join("huge.bin"), large_mib << 20, 2)
-    })
-    .await;
-    let after = peak_rss_mb();
+    drop(python);
+    pod.stop().await;
 
     println!(
-        "lakeFS on this machine (local blockstore), transfer parallelism {}",
+        "lakeFS (local blockstore) and Conductor {} on this machine; transfer parallelism {} for the sidecar and the ceiling; Python Perago 0.6.1 moves one object at a time",
+        services.conductor().version,
         parallelism()
     );
-    print("2,000 files x 1 KB, 1% changed", &small);
     println!(
-        "  download one at a time {sequential:.2} s vs parallel {:.2} s: {:.1}x (target >= 4x: {})",
-        small.download_s,
-        sequential / small.download_s,
-        if sequential / small.download_s >= 4.0 {
-            "met"
-        } else {
-            "MISSED"
-        }
+        "{:<28} {:<8} {:>10} {:>10} {:>10} {:>9} {:>12} {:>10}",
+        "workload",
+        "side",
+        "download s",
+        "stage s",
+        "publish s",
+        "uploads",
+        "upload bytes",
+        "peak MiB"
     );
-    println!(
-        "  only the changed objects are uploaded: {} of 2000 ({})",
-        small.uploads,
-        if small.uploads == 20 && small.deletes == 0 {
-            "met"
-        } else {
-            "MISSED"
+    for (w, sidecar, py, top) in &rows {
+        for (side, f) in [("sidecar", sidecar), ("Python", py), ("ceiling", top)] {
+            println!(
+                "{:<28} {side:<8} {:>10.3} {:>10.3} {:>10.3} {:>9} {:>12} {:>10}",
+                format!("({}) {}", w.key, w.label),
+                f.download_s,
+                f.stage_s,
+                f.publish_s,
+                f.uploads,
+                f.upload_bytes,
+                if side == "ceiling" {
+                    "-".to_owned()
+                } else {
+                    format!("{:.1}", f.peak_mib)
+                }
+            );
         }
-    );
-    print("4 files x 64 MiB, 1 changed", &large);
-    print(&format!("1 file x {large_mib} MiB, rewritten"), &huge);
+        let [d, s, p] = sidecar.phases();
+        let [pd, ps, pp] = py.phases();
+        let [cd, cs, cp] = top.phases();
+        println!(
+            "{:<28} Python / sidecar: download {}, stage {}, publish {}, stage + publish {}, peak memory {} | sidecar vs ceiling: download {:.0}%, stage {:.0}%, publish {:.0}%",
+            "",
+            ratio(pd, d),
+            ratio(ps, s),
+            ratio(pp, p),
+            ratio(ps + pp, s + p),
+            ratio(py.peak_mib, sidecar.peak_mib),
+            100.0 * cd / d,
+            100.0 * cs / s,
+            100.0 * cp / p,
+        );
+    }
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    if rows.len() < 4 {
+        return;
+    }
+    let (a, c) = (&rows[0], &rows[2]);
+    let a_stage_publish = (a.2.stage_s + a.2.publish_s) / (a.1.stage_s + a.1.publish_s);
+    let a_download = a.2.download_s / a.1.download_s;
+    let c_memory = c.2.peak_mib / c.1.peak_mib;
+    let ceiling_worst = rows
+        .iter()
+        .flat_map(|(_, s, _, t)| s.phases().into_iter().zip(t.phases()))
+        .map(|(ours, top)| top / ours)
+        .fold(f64::INFINITY, f64::min);
     println!(
-        "  peak RSS of this process: {before:.1} MB before, {after:.1} MB after the {large_mib} MiB transaction (target < 64 MB: {})",
-        if after < 64.0 { "met" } else { "MISSED" }
+        "targets: (a) stage + publish >= 10x faster than Python: {a_stage_publish:.1}x {}; (a) download >= 3x: {a_download:.1}x {}; (c) peak memory <= 1/20 of Python's: 1/{c_memory:.0} {}; every phase >= 80% of the ceiling: worst {:.0}% {}",
+        verdict(a_stage_publish >= 10.0),
+        verdict(a_download >= 3.0),
+        verdict(c_memory >= 20.0),
+        100.0 * ceiling_worst,
+        verdict(ceiling_worst >= 0.8),
     );
 }

@@ -6,6 +6,9 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How long an assignment waits for the body to connect again after a crash.
+const RECONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -194,9 +197,12 @@ pub async fn run_body(
     put(env::WORKER_ID, run.slot_worker_id.to_owned());
 
     let task_id = &snapshot.task_id;
+    // A body restarting after a crash gets the assignment once it connects again; the
+    // kubelet's first restart comes within seconds.
     let done = run
         .hub
-        .assign(run.lease, run.execution_id, vars)
+        .assign_when_connected(run.lease, run.execution_id, vars, RECONNECT_PATIENCE)
+        .await
         .map_err(|_| AttemptError::Body(pipe_broken(run.slot_worker_id, task_id)))?;
     info!(
         phase = "body",
@@ -260,7 +266,7 @@ async fn wait(run: &Dispatch<'_>, done: tokio::sync::oneshot::Receiver<ProcessEn
     };
     // Give up on the process: have the runner kill it and wait briefly for the exit so the
     // slot is not reused while it still runs.
-    run.hub.cancel(run.lease, run.execution_id);
+    run.hub.cancel(run.execution_id);
     let _ = tokio::time::timeout(Duration::from_secs(10), done).await;
     early
 }

@@ -163,7 +163,10 @@ impl RunnerHub {
         }
     }
 
-    /// Send an assignment on the lease's generation. `Err` when that generation is gone.
+    /// Send an assignment on the connected generation. A slot leased on a generation that
+    /// has gone since (the body crashed while the poll was in flight) is still held for its
+    /// execution, so the assignment goes to the generation that replaced it. `Err` when no
+    /// generation is connected, it drains, or the slot is no longer this execution's.
     pub fn assign(
         &self,
         lease: Lease,
@@ -171,19 +174,22 @@ impl RunnerHub {
         env: BTreeMap<String, String>,
     ) -> Result<oneshot::Receiver<ProcessEnd>, GenerationGone> {
         let mut state = self.lock();
-        if state.generation != lease.generation {
+        let index = lease.slot as usize - 1;
+        let still_ours = state.busy.get(index).and_then(Option::as_deref) == Some(execution_id)
+            && state.reserved.contains(execution_id);
+        if state.generation == 0
+            || !still_ours
+            || (state.generation != lease.generation && state.draining)
+        {
             return Err(GenerationGone);
         }
+        let generation = state.generation;
         let sender = state.sender.clone().ok_or(GenerationGone)?;
         state.reserved.remove(execution_id);
         let (tx, rx) = oneshot::channel();
-        state.waiting.insert(
-            execution_id.to_owned(),
-            Waiter {
-                generation: lease.generation,
-                tx,
-            },
-        );
+        state
+            .waiting
+            .insert(execution_id.to_owned(), Waiter { generation, tx });
         let message = SidecarMessage::Assign {
             execution_id: execution_id.to_owned(),
             slot: lease.slot,
@@ -197,10 +203,39 @@ impl RunnerHub {
         Ok(rx)
     }
 
+    /// `assign`, waiting up to `patience` for a generation to connect when none is (the body
+    /// is being restarted).
+    pub async fn assign_when_connected(
+        &self,
+        lease: Lease,
+        execution_id: &str,
+        env: BTreeMap<String, String>,
+        patience: Duration,
+    ) -> Result<oneshot::Receiver<ProcessEnd>, GenerationGone> {
+        let mut changes = self.subscribe();
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            match self.assign(lease, execution_id, env.clone()) {
+                Err(GenerationGone) if !self.connected() => {
+                    if tokio::time::timeout_at(deadline, changes.changed())
+                        .await
+                        .is_err()
+                    {
+                        return Err(GenerationGone);
+                    }
+                }
+                answer => return answer,
+            }
+        }
+    }
+
     /// Ask the runner to kill an execution's process (it still reports the exit).
-    pub fn cancel(&self, lease: Lease, execution_id: &str) {
+    pub fn cancel(&self, execution_id: &str) {
         let state = self.lock();
-        if state.generation == lease.generation
+        if state
+            .waiting
+            .get(execution_id)
+            .is_some_and(|w| w.generation == state.generation)
             && let Some(sender) = &state.sender
         {
             let _ = sender.send(SidecarMessage::Cancel {
@@ -528,6 +563,52 @@ mod tests {
             hub.assign(lease, "e4", BTreeMap::new()).is_err(),
             "old generation is refused"
         );
+    }
+
+    /// The body crashed while a poll was in flight: the task it brought waits for the body
+    /// to connect again and runs there, and only there.
+    #[tokio::test]
+    async fn a_slot_leased_before_the_body_crashed_is_assigned_on_the_next_generation() {
+        let hub = hub(2);
+        let (tx1, _rx1) = mpsc::unbounded_channel();
+        let (g1, _) = hub.connect(tx1);
+        let lease = hub.lease("polled").unwrap();
+        hub.disconnect(g1);
+        assert!(
+            hub.assign(lease, "polled", BTreeMap::new()).is_err(),
+            "nobody to assign to"
+        );
+        let waiting = {
+            let hub = Arc::clone(&hub);
+            tokio::spawn(async move {
+                hub.assign_when_connected(lease, "polled", BTreeMap::new(), Duration::from_secs(5))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        let (g2, _) = hub.connect(tx2);
+        assert_eq!(hub.free_slots(), 1, "the carried slot stays taken");
+        let done = waiting.await.unwrap().unwrap();
+        assert!(matches!(
+            rx2.recv().await,
+            Some(SidecarMessage::Assign { slot, .. }) if slot == lease.slot
+        ));
+        hub.complete(g1, "polled", ProcessEnd::Exited { code: 0 });
+        hub.complete(g2, "polled", ProcessEnd::Exited { code: 0 });
+        assert_eq!(done.await.unwrap(), ProcessEnd::Exited { code: 0 });
+        assert_eq!(hub.metrics.rejected_completions.get(), 1, "g1's is not its");
+
+        let other = hub.lease("other").unwrap();
+        hub.release(other, "other");
+        assert!(
+            hub.assign(other, "other", BTreeMap::new()).is_err(),
+            "a released slot is not assigned"
+        );
+        let gone = hub
+            .assign_when_connected(other, "late", BTreeMap::new(), Duration::from_millis(50))
+            .await;
+        assert!(gone.is_err());
     }
 
     #[tokio::test]
