@@ -342,8 +342,11 @@ fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::killpg(pgid, signal);
 }
 
-fn stop_group(pgid: u32) {
+/// Kill the group, then let Conductor drop its long polls: Conductor holds a dead worker's
+/// poll open for up to 5 s and would hand it the next run's tasks, to time out unreported.
+async fn stop_group(pgid: u32) {
     signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+    tokio::time::sleep(Duration::from_secs(6)).await;
 }
 
 /// Until the tree used less than 50 ms of CPU in the last second (at least 2 s, at most 30).
@@ -405,7 +408,7 @@ async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun 
     }
     let seconds = (last_done - started).as_secs_f64();
     peak = peak.max(group_rss_mb(pgid));
-    stop_group(pgid);
+    stop_group(pgid).await;
     PythonRun {
         figures: figures(api, &ids, seconds, cpu).await,
         peak_mb: peak,
@@ -462,7 +465,7 @@ async fn main() {
         let pgid = child.id().unwrap();
         tokio::time::sleep(Duration::from_secs(8)).await;
         let idle = group_rss_mb(pgid);
-        stop_group(pgid);
+        stop_group(pgid).await;
         idle
     };
 
