@@ -388,24 +388,35 @@ async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun 
     let (mut peak, mut cpu) = (0f64, 0f64);
     // Until every task has ended, or none has for 10 s: a task Python left behind is counted
     // as lost rather than waited for until Conductor times it out.
-    let (mut pending, mut progress) = (ids.clone(), Instant::now());
-    let mut last_done = started;
-    while !pending.is_empty() && progress.elapsed() < Duration::from_secs(10) {
-        let mut still = Vec::with_capacity(pending.len());
-        for id in pending {
-            let wf = api.workflow(&id).await;
-            if wf["status"] == "RUNNING" {
-                still.push(id);
-            } else {
-                progress = Instant::now();
-                last_done = progress;
-            }
+    // One workflow read per pass (they end roughly in start order), so that watching costs
+    // the server little while it is measured; a full pass only when the oldest stalls.
+    let mut pending: std::collections::VecDeque<String> = ids.iter().cloned().collect();
+    let (mut progress, mut last_done) = (Instant::now(), started);
+    while let Some(oldest) = pending.front() {
+        if api.workflow(oldest).await["status"] != "RUNNING" {
+            pending.pop_front();
+            (progress, last_done) = (Instant::now(), Instant::now());
+            continue;
         }
-        pending = still;
+        if progress.elapsed() > Duration::from_secs(10) {
+            let before = pending.len();
+            let mut still = std::collections::VecDeque::new();
+            for id in pending {
+                if api.workflow(&id).await["status"] == "RUNNING" {
+                    still.push_back(id);
+                }
+            }
+            pending = still;
+            if pending.len() == before {
+                break;
+            }
+            progress = Instant::now();
+        }
         peak = peak.max(group_rss_mb(pgid));
         cpu = tree.cpu_seconds() - cpu_before;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    cpu = cpu.max(tree.cpu_seconds() - cpu_before);
     let seconds = (last_done - started).as_secs_f64();
     peak = peak.max(group_rss_mb(pgid));
     stop_group(pgid).await;
