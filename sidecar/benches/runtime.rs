@@ -245,6 +245,7 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     let tree = ProcessTree::new(pod.pid() as u32);
     let cpu_before = tree.cpu_seconds();
     let (sidecar, runner) = (pod.pid() as u32, runner_pid(&pod));
+    let profile = profiler(&[sidecar, runner], slots);
     let (mut sidecar_peak, mut runner_peak) = (0f64, 0f64);
     loop {
         let (done, failed) = reported(&pod).await;
@@ -265,12 +266,41 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = tree.cpu_seconds() - cpu_before;
+    if let Some(perf) = profile {
+        signal_group(perf.id().unwrap(), nix::sys::signal::Signal::SIGINT);
+        let _ = perf.wait_with_output().await;
+    }
     pod.stop().await;
     PodRun {
         figures: figures(api, &ids, seconds, cpu).await,
         sidecar_peak_mb: sidecar_peak,
         runner_peak_mb: runner_peak,
     }
+}
+
+/// With PERAGO_BENCH_PERF=<dir>, the first 4-slot run is recorded by `perf record` (call graphs
+/// from DWARF, so the `profiling` build's line tables are enough) into <dir>/sidecar.perf.data:
+/// `cargo bench --profile profiling -p perago-sidecar --bench runtime`, then `perf report -i`.
+fn profiler(pids: &[u32], slots: u32) -> Option<tokio::process::Child> {
+    static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let dir = std::env::var_os("PERAGO_BENCH_PERF")?;
+    if slots != 4 || TAKEN.swap(true, Ordering::SeqCst) {
+        return None;
+    }
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let out = std::path::Path::new(&dir).join("sidecar.perf.data");
+    let child = tokio::process::Command::new("perf")
+        .args(["record", "-F", "999", "--call-graph", "dwarf", "-p"])
+        .arg(pids.join(","))
+        .arg("-o")
+        .arg(&out)
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("perf record starts (PERAGO_BENCH_PERF is set)");
+    eprintln!("recording {} with perf", out.display());
+    Some(child)
 }
 
 /// Resident memory of every process in process group `pgid` (MB).

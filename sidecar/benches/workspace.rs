@@ -5,7 +5,8 @@
 //! - Python Perago 0.6.1: `perago start -j 1`, whose Python body runs the same script;
 //! - the ceiling: a plain HTTP client with the sidecar's parallelism that makes only the
 //!   lakeFS calls each phase needs (list and get; list, branch, upload and commit; the
-//!   target's head and the merge), and is told which files changed.
+//!   target's head and the merge), and is told which files changed. It runs first and again
+//!   last, and keeps each phase's faster time.
 //!
 //! Phase times are each side's own spans. The sidecar's come from its
 //! `runtime_workspace_io_duration_seconds`. Python's are the calls its `workspace_io` timers
@@ -530,6 +531,7 @@ async fn ceiling(
     input: &str,
     workload: &Workload,
     change: &Path,
+    target: &str,
 ) -> Figures {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
@@ -541,14 +543,14 @@ async fn ceiling(
         .iter()
         .map(|k| std::fs::metadata(dir.path().join(k)).unwrap().len())
         .sum();
-    let branch = format!("ceiling-try-{}", workload.key);
+    let branch = format!("{target}-try-{}", workload.key);
     let started = Instant::now();
     plain
         .stage(repo, input, &branch, dir.path(), &changed)
         .await;
     let stage_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    plain.merge(repo, &branch, "ceiling").await;
+    plain.merge(repo, &branch, target).await;
     let publish_s = started.elapsed().as_secs_f64();
     Figures {
         download_s,
@@ -560,9 +562,15 @@ async fn ceiling(
     }
 }
 
-/// `sync(1)`: write back the dirty pages of what ran before.
-fn flush_dirty_pages() {
+/// `sync(1)`, to write back the dirty pages of what ran before; then write and remove `mib`
+/// (the large file's size), so that the page cache the next side writes into is memory this
+/// VM touched a moment ago. On these VMs, memory not touched for a while fills at a third of
+/// the usual speed (ADR 0014).
+fn flush_dirty_pages(mib: u64) {
     let _ = std::process::Command::new("sync").status();
+    if let Ok(scratch) = tempfile::NamedTempFile::new() {
+        let _ = write_large_to(scratch.as_file(), mib);
+    }
 }
 
 fn run_change(change: &Path, dir: &Path, args: &str) {
@@ -578,18 +586,23 @@ fn run_change(change: &Path, dir: &Path, args: &str) {
 // --- The run -----------------------------------------------------------------------------
 
 fn write_large(path: &Path, mib: u64) {
+    write_large_to(&std::fs::File::create(path).unwrap(), mib).unwrap();
+}
+
+fn write_large_to(file: &std::fs::File, mib: u64) -> std::io::Result<()> {
     use std::io::Write;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut f = std::io::BufWriter::new(file);
     let block: Vec<u8> = (0..1024 * 1024)
         .map(|i| (i as u8).wrapping_mul(31))
         .collect();
     for _ in 0..mib {
-        f.write_all(&block).unwrap();
+        f.write_all(&block)?;
     }
+    f.flush()
 }
 
-/// A repository holding the workload's seed on main, with the branches `sidecar`, `python`
-/// and `ceiling` made from it; returns the seed commit.
+/// A repository holding the workload's seed on main, with the branches `sidecar`, `python`,
+/// `ceiling` and `ceiling-again` made from it; returns the seed commit.
 async fn seed(lake: &Lake, c: &LakeFsClient, repo: &str, seed: &Seed) -> String {
     lake.post(
         "/repositories",
@@ -626,7 +639,7 @@ async fn seed(lake: &Lake, c: &LakeFsClient, repo: &str, seed: &Seed) -> String 
             .unwrap()
             .id
     };
-    for branch in ["sidecar", "python", "ceiling"] {
+    for branch in ["sidecar", "python", "ceiling", "ceiling-again"] {
         c.create_branch(repo, branch, &commit).await.unwrap();
     }
     commit
@@ -672,6 +685,7 @@ fn ratio(slow: f64, fast: f64) -> String {
 #[tokio::main]
 async fn main() {
     let scale = env_number("PERAGO_BENCH_SCALE", 100);
+    let warm_mib = (1024 * scale / 100).max(1);
     let services = Services::start(Selection {
         conductor: true,
         lakefs: true,
@@ -728,11 +742,11 @@ async fn main() {
         let input = seed(&lake, &client, &repo, &workload.seed).await;
 
         // Each side starts with no dirty pages of the one before it to write back.
-        flush_dirty_pages();
+        flush_dirty_pages(warm_mib);
         eprintln!("  ceiling");
-        let top = ceiling(&plain, &repo, &input, &workload, &change).await;
+        let first = ceiling(&plain, &repo, &input, &workload, &change, "ceiling").await;
 
-        flush_dirty_pages();
+        flush_dirty_pages(warm_mib);
         eprintln!("  sidecar");
         let before = io_sums(&pod.metrics().await);
         attempt(
@@ -756,7 +770,7 @@ async fn main() {
             peak_mib: pod_tree.peak_mib(),
         };
 
-        flush_dirty_pages();
+        flush_dirty_pages(warm_mib);
         eprintln!("  Python Perago");
         attempt(
             &api,
@@ -772,6 +786,18 @@ async fn main() {
         python_lines = lines;
         py.peak_mib = python_tree.peak_mib();
 
+        // The ceiling runs again after the others and keeps the faster time of each phase:
+        // on this VM, the second large write into fresh page cache is slower than the first,
+        // whichever client makes it (ADR 0014).
+        flush_dirty_pages(warm_mib);
+        eprintln!("  ceiling again");
+        let again = ceiling(&plain, &repo, &input, &workload, &change, "ceiling-again").await;
+        let top = Figures {
+            download_s: first.download_s.min(again.download_s),
+            stage_s: first.stage_s.min(again.stage_s),
+            publish_s: first.publish_s.min(again.publish_s),
+            ..first
+        };
         rows.push((workload, sidecar, py, top));
     }
     drop(python);

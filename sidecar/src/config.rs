@@ -101,6 +101,27 @@ pub struct Settings {
     /// Metrics, `/healthz` and `/readyz`.
     #[arg(long, env = "PERAGO_HTTP_ADDR", default_value = "0.0.0.0:9464")]
     pub http_addr: SocketAddr,
+    /// Threads of the async runtime. 1 runs the sidecar on one thread, which costs the
+    /// fewest thread wake-ups per attempt; 0 means one per CPU (ADR 0014). Filesystem walks,
+    /// hashing and large removals run on the blocking pool either way.
+    #[arg(long, env = "PERAGO_RUNTIME_THREADS", default_value_t = 1)]
+    pub runtime_threads: usize,
+}
+
+impl Settings {
+    /// The async runtime these settings ask for.
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = match self.runtime_threads {
+            1 => tokio::runtime::Builder::new_current_thread(),
+            0 => tokio::runtime::Builder::new_multi_thread(),
+            n => {
+                let mut builder = tokio::runtime::Builder::new_multi_thread();
+                builder.worker_threads(n);
+                builder
+            }
+        };
+        builder.enable_all().build()
+    }
 }
 
 /// Testing only: where `PERAGO_FAULT` stops an attempt.

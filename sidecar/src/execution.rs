@@ -172,7 +172,7 @@ pub async fn run_body(
     let params_path = dir.file(files::PARAMS);
     let text = serde_json::to_vec(params)
         .map_err(|e| AttemptError::Local(format!("serialising params failed: {e}")))?;
-    tokio::fs::write(&params_path, text).await.map_err(|e| {
+    write_params(&params_path, text).await.map_err(|e| {
         AttemptError::Local(format!("writing {} failed: {e}", clip_path(&params_path)))
     })?;
     let mut vars = BTreeMap::new();
@@ -212,7 +212,8 @@ pub async fn run_body(
     let started = std::time::Instant::now();
     let end = wait(run, done).await;
     run.metrics.observe_phase("body", started);
-    record_application_metrics(run.metrics, dir).await;
+    let left = BodyFiles::read(dir).await;
+    record_application_metrics(run.metrics, &left.metrics);
     let end = match end {
         Waited::Ended(end) => end,
         Waited::Deadline => {
@@ -237,7 +238,7 @@ pub async fn run_body(
         ProcessEnd::NotStarted { error } => Err(AttemptError::Body(format!(
             "task body could not be started: {error}"
         ))),
-        ProcessEnd::Exited { code } => read_outcome(run.schemas, dir, code).await,
+        ProcessEnd::Exited { code } => outcome(run.schemas, left, code),
     }
 }
 
@@ -271,8 +272,57 @@ async fn wait(run: &Dispatch<'_>, done: tokio::sync::oneshot::Receiver<ProcessEn
     early
 }
 
-async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, AttemptError> {
-    match tokio::fs::read(path).await {
+/// Params up to this size are written in place, on the async runtime: page-cache writes of
+/// this size take microseconds, less than the trip to the blocking pool and back.
+const PARAMS_WRITTEN_IN_PLACE: usize = 1 << 20;
+
+async fn write_params(path: &Path, text: Vec<u8>) -> std::io::Result<()> {
+    if text.len() <= PARAMS_WRITTEN_IN_PLACE {
+        return std::fs::write(path, text);
+    }
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || std::fs::write(path, text))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+/// The files a body leaves for the sidecar, read in one trip to the blocking pool (each
+/// trip is two thread wake-ups, which cost more than reading a small file).
+struct BodyFiles {
+    metrics: Result<Option<Vec<u8>>, AttemptError>,
+    error: Result<Option<Vec<u8>>, AttemptError>,
+    result: Result<Option<Vec<u8>>, AttemptError>,
+}
+
+impl BodyFiles {
+    async fn read(dir: &ExecutionDir) -> Self {
+        let paths = [files::METRICS, files::ERROR, files::RESULT].map(|name| dir.file(name));
+        let read = tokio::task::spawn_blocking(move || {
+            let [metrics, error, result] = paths.map(|path| read_optional(&path));
+            Self {
+                metrics,
+                error,
+                result,
+            }
+        })
+        .await;
+        read.unwrap_or_else(|e| {
+            let stopped = || {
+                Err(AttemptError::Local(format!(
+                    "reading the body's files stopped: {e}"
+                )))
+            };
+            Self {
+                metrics: stopped(),
+                error: stopped(),
+                result: stopped(),
+            }
+        })
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, AttemptError> {
+    match std::fs::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(AttemptError::Local(format!(
@@ -284,12 +334,8 @@ async fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, AttemptError> {
 
 /// The body's result from its exit status and files: an error document wins, then the exit
 /// status, then the result document.
-async fn read_outcome(
-    schemas: &Schemas,
-    dir: &ExecutionDir,
-    code: i32,
-) -> Result<Value, AttemptError> {
-    if let Some(bytes) = read_optional(&dir.file(files::ERROR)).await? {
+fn outcome(schemas: &Schemas, left: BodyFiles, code: i32) -> Result<Value, AttemptError> {
+    if let Some(bytes) = left.error? {
         return Err(error_document(&bytes));
     }
     if code != 0 {
@@ -297,13 +343,11 @@ async fn read_outcome(
             "task body exited with status {code}"
         )));
     }
-    let bytes = read_optional(&dir.file(files::RESULT))
-        .await?
-        .ok_or_else(|| {
-            AttemptError::Body(
-                "task body exited with status 0 without writing a result to PERAGO_RESULT".into(),
-            )
-        })?;
+    let bytes = left.result?.ok_or_else(|| {
+        AttemptError::Body(
+            "task body exited with status 0 without writing a result to PERAGO_RESULT".into(),
+        )
+    })?;
     let result: Value = serde_json::from_slice(&bytes).map_err(AttemptError::ResultNotJson)?;
     schemas.result(&result).map_err(AttemptError::Result)?;
     Ok(result)
@@ -349,10 +393,10 @@ pub fn error_document(bytes: &[u8]) -> AttemptError {
     }
 }
 
-async fn record_application_metrics(metrics: &Metrics, dir: &ExecutionDir) {
-    match read_optional(&dir.file(files::METRICS)).await {
+fn record_application_metrics(metrics: &Metrics, file: &Result<Option<Vec<u8>>, AttemptError>) {
+    match file {
         Ok(Some(bytes)) => {
-            metrics.record_application(&String::from_utf8_lossy(&bytes));
+            metrics.record_application(&String::from_utf8_lossy(bytes));
         }
         Ok(None) => {}
         Err(e) => warn!(error = %e, "reading the body's metrics file failed"),

@@ -56,7 +56,7 @@ fn main() -> ExitCode {
         };
     }
     perago_telemetry::init_logging();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match cli.settings.runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the async runtime failed: {e}");

@@ -252,6 +252,10 @@ pub async fn download(
     Ok(manifest)
 }
 
+/// The largest block a download writes at once (per transfer, so memory stays bounded by
+/// the transfer parallelism).
+const WRITE_BLOCK: usize = 1024 * 1024;
+
 /// Where the objects of one download come from.
 struct Source<'a> {
     client: &'a LakeFsClient,
@@ -292,12 +296,21 @@ impl Source<'_> {
             .client
             .get_object(self.repository, self.reference, &entry.path, self.timeout)
             .await?;
-        let mut file = tokio::fs::OpenOptions::new()
+        let file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(target)
             .await
             .map_err(|e| DownloadError::local("creating", target, e))?;
+        // Each write to a tokio file is a trip to the blocking pool; the response's chunks
+        // are a few KiB, so a large object is written in blocks of up to 1 MiB instead.
+        let buffer = entry
+            .size_bytes
+            .map_or(WRITE_BLOCK, |size| {
+                usize::try_from(size).unwrap_or(WRITE_BLOCK)
+            })
+            .clamp(8 * 1024, WRITE_BLOCK);
+        let mut file = tokio::io::BufWriter::with_capacity(buffer, file);
         let written_failed = |e| DownloadError::local("writing", target, e);
         let mut written = 0u64;
         while let Some(chunk) = response
