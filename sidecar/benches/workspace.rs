@@ -566,7 +566,7 @@ async fn ceiling(
 /// (the large file's size), so that the page cache the next side writes into is memory this
 /// VM touched a moment ago. On these VMs, memory not touched for a while fills at a third of
 /// the usual speed (ADR 0014).
-fn flush_dirty_pages(mib: u64) {
+fn prepare_page_cache(mib: u64) {
     let _ = std::process::Command::new("sync").status();
     if let Ok(scratch) = tempfile::NamedTempFile::new() {
         let _ = write_large_to(scratch.as_file(), mib);
@@ -742,11 +742,11 @@ async fn main() {
         let input = seed(&lake, &client, &repo, &workload.seed).await;
 
         // Each side starts with no dirty pages of the one before it to write back.
-        flush_dirty_pages(warm_mib);
+        prepare_page_cache(warm_mib);
         eprintln!("  ceiling");
         let first = ceiling(&plain, &repo, &input, &workload, &change, "ceiling").await;
 
-        flush_dirty_pages(warm_mib);
+        prepare_page_cache(warm_mib);
         eprintln!("  sidecar");
         let before = io_sums(&pod.metrics().await);
         attempt(
@@ -770,7 +770,7 @@ async fn main() {
             peak_mib: pod_tree.peak_mib(),
         };
 
-        flush_dirty_pages(warm_mib);
+        prepare_page_cache(warm_mib);
         eprintln!("  Python Perago");
         attempt(
             &api,
@@ -789,7 +789,7 @@ async fn main() {
         // The ceiling runs again after the others and keeps the faster time of each phase:
         // on this VM, the second large write into fresh page cache is slower than the first,
         // whichever client makes it (ADR 0014).
-        flush_dirty_pages(warm_mib);
+        prepare_page_cache(warm_mib);
         eprintln!("  ceiling again");
         let again = ceiling(&plain, &repo, &input, &workload, &change, "ceiling-again").await;
         let top = Figures {
