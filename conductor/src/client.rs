@@ -229,6 +229,26 @@ impl ConductorClient {
         }
     }
 
+    /// Every TaskDef of this Conductor in one call (`GET /metadata/taskdefs`), by name.
+    pub async fn task_defs(&self) -> Result<HashMap<String, Value>, ConductorError> {
+        let call = call("list");
+        let url = self.url("/metadata/taskdefs");
+        let answer = self
+            .send(call, self.request_timeout, |h| h.get(&url))
+            .await?;
+        match answer {
+            Some(Value::Array(defs)) => Ok(defs
+                .into_iter()
+                .filter_map(|d| Some((d.get("name")?.as_str()?.to_owned(), d)))
+                .collect()),
+            None => Ok(HashMap::new()),
+            Some(other) => Err(call.error(ErrorKind::Decode(format!(
+                "not a list of TaskDefs: {}",
+                clip(&other.to_string(), 100)
+            )))),
+        }
+    }
+
     /// `POST /metadata/taskdefs` with the one TaskDef `doc` named `name`.
     pub async fn create_task_def(&self, name: &str, doc: &Value) -> Result<(), ConductorError> {
         let call = Call {

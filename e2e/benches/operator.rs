@@ -3,7 +3,8 @@
 //! at once, first autoscaled (idle at zero), then with a fixed `replicas: 0`, each after a
 //! fresh start of the operator. For each it prints the time until every TaskDef is in
 //! Conductor and every task Ready, the operator's peak resident memory and CPU, the Conductor
-//! calls and apiserver requests of the apply, then the same per minute over
+//! calls, apiserver requests and the operator's applies (sent, or skipped as unchanged) of the
+//! apply, then the same per minute over
 //! `PERAGO_BENCH_STEADY_SECONDS` (60) in which nothing changes, and the time to delete them.
 //!
 //! It prints figures; it asserts only that the work it measures completed.
@@ -61,6 +62,8 @@ struct Counters {
     cpu: f64,
     conductor: BTreeMap<String, f64>,
     apiserver: BTreeMap<String, f64>,
+    /// ConfigMap and Deployment applies sent, and skipped as unchanged.
+    applies: BTreeMap<String, f64>,
 }
 
 /// The resources a PeragoTask's reconcile reads and writes (the apiserver requests counted).
@@ -87,6 +90,11 @@ async fn counters(cluster: &Cluster, operator_metrics: &str) -> Counters {
             &["call"],
         ),
         apiserver,
+        applies: counter_by(
+            &operator,
+            "perago_operator_applies_total",
+            &["kind", "outcome"],
+        ),
     }
 }
 
@@ -101,6 +109,7 @@ fn print_counts(title: &str, before: &Counters, after: &Counters, per_minute: bo
     for (what, before, after) in [
         ("Conductor calls", &before.conductor, &after.conductor),
         ("apiserver requests", &before.apiserver, &after.apiserver),
+        ("operator applies", &before.applies, &after.applies),
     ] {
         let counted = delta(before, after);
         let all: f64 = counted.values().fold(0.0, |a, b| a + b) * scale;

@@ -270,6 +270,7 @@ fn run(
         )
         .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
+        let (owned, writers) = crate::owned::Owned::new();
         let context = controller::Context {
             client: client.clone(),
             conductor,
@@ -285,13 +286,14 @@ fn run(
             queues: scaling::QueueWatch::new(
                 (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
             ),
+            owned,
         };
         metrics
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if !process.leader_election {
             metrics.leader.set(1);
-            controller::run(context).await;
+            controller::run(context, writers).await;
             return Ok(());
         }
         let identity = std::env::var("POD_NAME")
@@ -312,7 +314,7 @@ fn run(
         metrics.leader.set(1);
         tracing::info!(identity = %identity, "leading; reconciling");
         tokio::select! {
-            () = controller::run(context) => Ok(()),
+            () = controller::run(context, writers) => Ok(()),
             _ = leading.wait_for(|l| !*l) => {
                 metrics.leader.set(0);
                 // Stop at once: another replica may already reconcile. Kubernetes restarts

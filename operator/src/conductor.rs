@@ -1,10 +1,11 @@
 //! The operator's Conductors: one [`ConductorClient`] (and so one Orkes token) per Conductor
 //! base URL a PeragoTask names, sharing one connection pool; every call is counted in
-//! `perago_operator_conductor_calls_total{call, outcome}`.
+//! `perago_operator_conductor_calls_total{call, outcome}`; and the TaskDefs of each Conductor,
+//! read for all tasks in one listing (ADR 0015).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use perago_conductor::{ConductorClient, ConductorError, Credentials};
 use serde_json::Value;
@@ -15,6 +16,16 @@ pub struct Conductors {
     credentials: Option<Credentials>,
     observer: Option<perago_conductor::CallObserver>,
     clients: Mutex<HashMap<String, Arc<ConductorClient>>>,
+    /// Per base URL: the last listing of its TaskDefs. The async lock is held while a listing
+    /// is read, so reconciles that find it stale together wait for one read instead of each
+    /// making their own.
+    task_defs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Listing>>>>>,
+}
+
+/// Every TaskDef of one Conductor by name, and when they were read.
+struct Listing {
+    read: Instant,
+    defs: HashMap<String, Value>,
 }
 
 impl Conductors {
@@ -34,6 +45,7 @@ impl Conductors {
             credentials,
             observer,
             clients: Mutex::new(HashMap::new()),
+            task_defs: Mutex::new(HashMap::new()),
         })
     }
 
@@ -59,6 +71,50 @@ impl Conductors {
                 })
             })
             .clone()
+    }
+}
+
+impl Conductors {
+    fn listing(&self, base: &str) -> Arc<tokio::sync::Mutex<Option<Listing>>> {
+        self.task_defs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(base.trim_end_matches('/').to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// The TaskDef `name` as the Conductor at `base` holds it, from a listing of all its
+    /// TaskDefs read at most `max_age` ago: one call per Conductor for every task that
+    /// reconciles in that time, instead of one per task and reconcile.
+    pub async fn task_def(
+        &self,
+        base: &str,
+        name: &str,
+        max_age: Duration,
+    ) -> Result<Option<Value>, ConductorError> {
+        let listing = self.listing(base);
+        let mut listing = listing.lock().await;
+        let stale = listing.as_ref().is_none_or(|l| l.read.elapsed() > max_age);
+        if stale {
+            let defs = self.at(base).task_defs().await?;
+            *listing = Some(Listing {
+                read: Instant::now(),
+                defs,
+            });
+        }
+        Ok(listing.as_ref().and_then(|l| l.defs.get(name).cloned()))
+    }
+
+    /// What the operator just made TaskDef `name` (`None`: deleted it), so that the next
+    /// reconciles do not take the listing's older copy for drift, or for a TaskDef still there.
+    pub async fn wrote_task_def(&self, base: &str, name: &str, doc: Option<&Value>) {
+        if let Some(listing) = self.listing(base).lock().await.as_mut() {
+            match doc {
+                Some(doc) => listing.defs.insert(name.to_owned(), doc.clone()),
+                None => listing.defs.remove(name),
+            };
+        }
     }
 }
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -22,6 +22,7 @@ use perago_api::task::{DeletionPolicy, ScaleDecision};
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
 use crate::conductor::{ConductorError, Conductors, holds};
+use crate::owned::{self, Owned};
 use crate::render::{self, Defaults, TASK_LABEL};
 use crate::scaling;
 
@@ -46,6 +47,8 @@ pub struct Context {
     pub pods_http: reqwest::Client,
     /// Queue sizes of every Conductor, read every few seconds.
     pub queues: crate::scaling::QueueWatch,
+    /// The executor pods, Deployments and ConfigMaps, as the watches keep them.
+    pub owned: Owned,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +59,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Finalizer(String),
+    #[error("the watch of the executor pods, Deployments and ConfigMaps stopped")]
+    WatchStopped,
 }
 
 fn condition(
@@ -187,9 +192,13 @@ async fn register_task_def(
 ) -> Result<(), ConductorError> {
     let name = &task.spec.task_name;
     let conductor = ctx.conductor.at(base);
-    match conductor.task_def(name).await? {
+    // A listing up to half a resync old: drift shows within one and a half resyncs.
+    match ctx.conductor.task_def(base, name, ctx.resync / 2).await? {
         None => {
+            // Absent from a listing that may be a little old: a create is an upsert, so a
+            // TaskDef made since is rewritten with the same values.
             conductor.create_task_def(name, doc).await?;
+            ctx.conductor.wrote_task_def(base, name, Some(doc)).await;
             info!(task_def = %name, "registered the TaskDef");
             publish_event(
                 ctx,
@@ -202,6 +211,7 @@ async fn register_task_def(
         }
         Some(stored) if !holds(&stored, doc) => {
             conductor.update_task_def(name, doc).await?;
+            ctx.conductor.wrote_task_def(base, name, Some(doc)).await;
             info!(task_def = %name, "repaired the TaskDef");
             publish_event(
                 ctx,
@@ -313,8 +323,10 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 
     // The work: running in the task's pods, and queued in Conductor (read after the pods, so
     // that a task a pod has just taken is not counted twice).
-    let pods = scaling::busy_pods(ctx, &task, &ns, &selector).await?;
-    let running: i64 = pods.iter().map(|p| p.busy).sum();
+    ctx.owned.ready().await.map_err(|_| Error::WatchStopped)?;
+    let pods = ctx.owned.pods(&ns, &task.name_any());
+    let busy = scaling::busy_pods(ctx, &task, &pods).await;
+    let running: i64 = busy.iter().map(|p| p.busy).sum();
     let queued = match scaling::queued(ctx, &base, name, running).await {
         Ok(queued) => queued,
         Err(e) => return Err(conductor_unavailable(&api, &task, ctx, &old, e).await),
@@ -337,7 +349,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         };
         // Costs first, the scale-in on a later pass: the ReplicaSet controller picks victims
         // from its own cache of pods, which must already hold the new costs.
-        let deferred = next < replicas && scaling::mark_deletion_costs(ctx, &ns, &pods).await > 0;
+        let deferred = next < replicas && scaling::mark_deletion_costs(ctx, &ns, &busy).await > 0;
         if deferred {
             scale_in_deferred = true;
         } else if next != replicas {
@@ -371,20 +383,40 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.task_running(&task).set(running);
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
 
-    // The contract and the Deployment.
+    // The contract and the Deployment, applied when the live objects do not already hold them.
     let params = PatchParams::apply(MANAGER).force();
-    let cm = render::config_map(&task, &contract);
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-        .patch(&render::object_name(&task), &params, &Patch::Apply(&cm))
-        .await?;
-    let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
-    let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &render::object_name(&task),
-            &params,
-            &Patch::Apply(&deployment),
-        )
-        .await?;
+    let cm = owned::stamped(render::config_map(&task, &contract));
+    if owned::unchanged(&ctx.owned.config_maps, &cm).is_none() {
+        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+            .patch(&render::object_name(&task), &params, &Patch::Apply(&cm))
+            .await?;
+        ctx.metrics.applied("ConfigMap", true);
+    } else {
+        ctx.metrics.applied("ConfigMap", false);
+    }
+    let deployment = owned::stamped(render::deployment(
+        &task,
+        &contract,
+        &ctx.defaults,
+        replicas,
+    ));
+    let applied = match owned::unchanged(&ctx.owned.deployments, &deployment) {
+        Some(live) => {
+            ctx.metrics.applied("Deployment", false);
+            live
+        }
+        None => {
+            let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
+                .patch(
+                    &render::object_name(&task),
+                    &params,
+                    &Patch::Apply(&deployment),
+                )
+                .await?;
+            ctx.metrics.applied("Deployment", true);
+            Arc::new(applied)
+        }
+    };
 
     let ds = applied.status.clone().unwrap_or_default();
     let ready_replicas = ds.ready_replicas.unwrap_or(0);
@@ -396,10 +428,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let problem = if rolled_out {
         None
     } else {
-        let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default().labels(&selector))
-            .await?;
-        crate::pods::problem(&pods.items)
+        crate::pods::problem(pods.iter().map(|p| &**p))
     };
     let deadline_passed = ds.conditions.iter().flatten().find(|c| {
         c.type_ == "Progressing"
@@ -498,10 +527,10 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.forget_task(&task);
     if task.spec.deletion_policy == DeletionPolicy::Delete {
-        ctx.conductor
-            .at(&conductor_url(&task, ctx))
-            .delete_task_def(&task.spec.task_name)
-            .await?;
+        let base = conductor_url(&task, ctx);
+        let name = &task.spec.task_name;
+        ctx.conductor.at(&base).delete_task_def(name).await?;
+        ctx.conductor.wrote_task_def(&base, name, None).await;
         info!(task_def = %task.spec.task_name, "deleted the TaskDef (deletionPolicy: Delete)");
     }
     Ok(Action::await_change())
@@ -534,16 +563,15 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Run the controller until SIGTERM/SIGINT.
-pub async fn run(ctx: Context) {
-    let client = ctx.client.clone();
-    let tasks: Api<PeragoTask> = Api::all(client.clone());
-    let deployments: Api<Deployment> = Api::all(client);
+/// Run the controller until SIGTERM/SIGINT; `writers` fill `ctx.owned`.
+pub async fn run(ctx: Context, writers: owned::Writers) {
+    let tasks: Api<PeragoTask> = Api::all(ctx.client.clone());
+    let (pod_watch, deployments, config_maps) = writers.watch(&ctx.client);
+    let pod_watch = tokio::spawn(pod_watch);
     info!("perago-operator controller started");
-    let controller = Controller::new(tasks, watcher::Config::default()).owns(
-        deployments,
-        watcher::Config::default().labels("app.kubernetes.io/managed-by=perago-operator"),
-    );
+    let controller = Controller::new(tasks, watcher::Config::default())
+        .owns_stream(deployments)
+        .owns_stream(config_maps);
     let ctx = Arc::new(ctx);
     let (wake, woken) = tokio::sync::mpsc::channel(1024);
     let queue_watch = tokio::spawn(scaling::watch_queues(ctx.clone(), controller.store(), wake));
@@ -562,6 +590,7 @@ pub async fn run(ctx: Context) {
         })
         .await;
     queue_watch.abort();
+    pod_watch.abort();
 }
 
 pub fn reporter() -> Reporter {

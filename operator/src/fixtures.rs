@@ -62,6 +62,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         recommendations: Default::default(),
         pods_http: reqwest::Client::new(),
         queues: QueueWatch::new(None),
+        owned: crate::owned::Owned::empty(),
     };
     (Arc::new(context), ApiServer(handle))
 }

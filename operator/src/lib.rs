@@ -6,6 +6,7 @@ pub mod app;
 pub mod cli;
 pub mod conductor;
 pub mod controller;
+pub mod owned;
 pub mod pods;
 pub mod reference;
 pub mod render;

@@ -28,8 +28,8 @@ const STUCK: [&str; 8] = [
 ];
 
 /// The first problem among `pods` (sorted by name, so the report is stable), if any.
-pub fn problem(pods: &[Pod]) -> Option<PodProblem> {
-    let mut pods: Vec<&Pod> = pods.iter().collect();
+pub fn problem<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<PodProblem> {
+    let mut pods: Vec<&Pod> = pods.into_iter().collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     pods.into_iter().find_map(pod_problem)
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -18,7 +18,7 @@ use perago_api::PeragoTask;
 use perago_api::task::AutoscalingSpec;
 
 use crate::conductor::ConductorError;
-use crate::controller::{Context, Error, conductor_url};
+use crate::controller::{Context, conductor_url};
 use crate::render;
 
 /// A running executor pod and the attempts it runs.
@@ -37,23 +37,15 @@ pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
 /// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
 /// running pod that does not answer counts as fully busy, so that a slow or unreachable
 /// sidecar never makes the operator remove pods that may be working.
-pub async fn busy_pods(
-    ctx: &Context,
-    task: &PeragoTask,
-    ns: &str,
-    selector: &str,
-) -> Result<Vec<BusyPod>, Error> {
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
-        .await?;
+pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> Vec<BusyPod> {
     let slots = i64::from(task.spec.executor.slots);
-    let running = pods.items.iter().filter_map(|pod| {
+    let running = pods.iter().filter_map(|pod| {
         let status = pod.status.as_ref()?;
         let running =
             status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
         running.then_some((pod, status.pod_ip.clone()?))
     });
-    Ok(futures_util::future::join_all(running.map(|(pod, ip)| async move {
+    futures_util::future::join_all(running.map(|(pod, ip)| async move {
         let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
         let answer = async {
             let response = ctx.pods_http.get(&url).send().await?;
@@ -72,7 +64,7 @@ pub async fn busy_pods(
             cost: pod.annotations().get(DELETION_COST).cloned(),
         }
     }))
-    .await)
+    .await
 }
 
 /// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
     pub conductor_calls: IntCounterVec,
+    /// ConfigMap and Deployment applies made, and skipped because the live object held them.
+    applies: IntCounterVec,
     pub leader: IntGauge,
     /// Per PeragoTask (`namespace`, `name`): for KEDA or an HPA on external metrics.
     task_queued: IntGaugeVec,
@@ -52,6 +54,14 @@ impl Metrics {
             ),
             &["call", "outcome"],
         )?;
+        let applies = IntCounterVec::new(
+            Opts::new(
+                "perago_operator_applies_total",
+                "Applies of the objects a PeragoTask renders by kind and outcome (applied, or \
+                 unchanged: the live object already held everything rendered, so none was sent).",
+            ),
+            &["kind", "outcome"],
+        )?;
         let leader = IntGauge::new(
             "perago_operator_leader",
             "1 while this process holds the leader lease.",
@@ -77,12 +87,14 @@ impl Metrics {
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_seconds.clone()))?;
         registry.register(Box::new(conductor_calls.clone()))?;
+        registry.register(Box::new(applies.clone()))?;
         registry.register(Box::new(leader.clone()))?;
         Ok(Self {
             registry,
             reconciles,
             reconcile_seconds,
             conductor_calls,
+            applies,
             leader,
             task_queued,
             task_running,
@@ -102,6 +114,11 @@ impl Metrics {
 
     pub fn task_replicas(&self, task: &PeragoTask) -> IntGauge {
         self.task_replicas.with_label_values(&task_labels(task))
+    }
+
+    pub fn applied(&self, kind: &str, sent: bool) {
+        let outcome = if sent { "applied" } else { "unchanged" };
+        self.applies.with_label_values(&[kind, outcome]).inc();
     }
 
     /// A deleted task's series go with it.

@@ -110,6 +110,63 @@ async fn a_peragotask_becomes_a_taskdef_a_contract_and_a_deployment() {
     assert_eq!(d.metadata.owner_references.unwrap()[0].uid, uid);
     assert_eq!(d.spec.unwrap().replicas, Some(1));
 
+    // Reconciles that would change nothing send no apply: the live objects, as the apiserver
+    // stores them, hold everything rendered.
+    let unchanged = r#"perago_operator_applies_total{kind="Deployment",outcome="unchanged"}"#;
+    let operator = operator::start(services, &[]).await;
+    let before = operator.metric(unchanged).await.unwrap_or(0.0);
+    eventually("resyncs skip the unchanged Deployment", || async {
+        (operator.metric(unchanged).await? >= before + 2.0).then_some(())
+    })
+    .await;
+    // Drift is looked for in one listing of every TaskDef, not a read per task.
+    let listed = r#"perago_operator_conductor_calls_total{call="list",outcome="ok"}"#;
+    assert!(operator.metric(listed).await.unwrap_or(0.0) >= 1.0);
+    let read = r#"perago_operator_conductor_calls_total{call="get",outcome="ok"}"#;
+    assert_eq!(
+        operator.metric(read).await,
+        None,
+        "no TaskDef read one by one"
+    );
+    // Someone edits what the operator applied: the watch sees it and the apply puts it back.
+    let deployments = Api::<Deployment>::namespaced(client.clone(), "default");
+    let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "body", "image": "reg/other:2"}]}}}});
+    deployments
+        .patch(
+            "notify-perago",
+            &PatchParams::default(),
+            &Patch::Strategic(&edit),
+        )
+        .await
+        .unwrap();
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), "default");
+    config_maps
+        .patch(
+            "notify-perago",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"contract.json": "{}"}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the edited Deployment and ConfigMap are repaired",
+        || async {
+            let d = deployments.get("notify-perago").await.ok()?;
+            let body = d
+                .spec?
+                .template
+                .spec?
+                .containers
+                .into_iter()
+                .find(|c| c.name == "body")?;
+            let cm = config_maps.get("notify-perago").await.ok()?;
+            (body.image.as_deref() == Some("reg/body:1")
+                && cm.data?["contract.json"].contains("op.notify"))
+            .then_some(())
+        },
+    )
+    .await;
+
     // Someone edits the TaskDef in Conductor: the operator puts it back.
     let mut edited = stored.clone();
     edited["retryCount"] = json!(9);
