@@ -6,15 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -227,6 +229,35 @@ async fn register_task_def(
     Ok(())
 }
 
+/// `rendered` applied under the operator's field manager, unless the watched object in `store`
+/// already holds it (ADR 0015); the object as it is now, either way.
+async fn apply_owned<K>(
+    ctx: &Context,
+    ns: &str,
+    store: &Store<K>,
+    rendered: K,
+) -> Result<Arc<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
+    K: Clone + std::fmt::Debug + Serialize + DeserializeOwned + 'static,
+{
+    let rendered = owned::stamped(rendered);
+    let kind = K::kind(&());
+    if let Some(live) = owned::unchanged(store, &rendered) {
+        ctx.metrics.applied(&kind, false);
+        return Ok(live);
+    }
+    let applied = Api::<K>::namespaced(ctx.client.clone(), ns)
+        .patch(
+            &rendered.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&rendered),
+        )
+        .await?;
+    ctx.metrics.applied(&kind, true);
+    Ok(Arc::new(applied))
+}
+
 /// A failed Conductor call: say so in the status (not Ready, still reconciling — it is
 /// transient, so not Stalled) and once per distinct message in a Warning event; the error
 /// policy retries.
@@ -383,40 +414,11 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.task_running(&task).set(running);
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
 
-    // The contract and the Deployment, applied when the live objects do not already hold them.
-    let params = PatchParams::apply(MANAGER).force();
-    let cm = owned::stamped(render::config_map(&task, &contract));
-    if owned::unchanged(&ctx.owned.config_maps, &cm).is_none() {
-        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-            .patch(&render::object_name(&task), &params, &Patch::Apply(&cm))
-            .await?;
-        ctx.metrics.applied("ConfigMap", true);
-    } else {
-        ctx.metrics.applied("ConfigMap", false);
-    }
-    let deployment = owned::stamped(render::deployment(
-        &task,
-        &contract,
-        &ctx.defaults,
-        replicas,
-    ));
-    let applied = match owned::unchanged(&ctx.owned.deployments, &deployment) {
-        Some(live) => {
-            ctx.metrics.applied("Deployment", false);
-            live
-        }
-        None => {
-            let applied = Api::<Deployment>::namespaced(ctx.client.clone(), &ns)
-                .patch(
-                    &render::object_name(&task),
-                    &params,
-                    &Patch::Apply(&deployment),
-                )
-                .await?;
-            ctx.metrics.applied("Deployment", true);
-            Arc::new(applied)
-        }
-    };
+    // The contract and the Deployment.
+    let cm = render::config_map(&task, &contract);
+    apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
+    let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+    let applied = apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await?;
 
     let ds = applied.status.clone().unwrap_or_default();
     let ready_replicas = ds.ready_replicas.unwrap_or(0);
