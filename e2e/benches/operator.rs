@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use perago_e2e::cluster::Cluster;
-use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib};
+use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, Services};
@@ -256,7 +256,8 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
     let later = counters(cluster, &metrics).await;
     print_counts("steady state", &quiet, &later, true, count);
     println!(
-        "  operator peak resident memory: {:.1} MiB",
+        "  operator resident memory: {:.1} MiB now, {:.1} MiB at its peak",
+        rss_mib("perago-operator"),
         peak_rss_mib("perago-operator")
     );
     let deleting = Instant::now();

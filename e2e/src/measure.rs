@@ -34,9 +34,18 @@ pub fn cpu_seconds(comm: &str) -> f64 {
 
 /// The largest peak resident set (`VmHWM`) of the processes named `comm`, in MiB.
 pub fn peak_rss_mib(comm: &str) -> f64 {
+    largest_mib(comm, "VmHWM:")
+}
+
+/// The largest resident set now (`VmRSS`) of the processes named `comm`, in MiB.
+pub fn rss_mib(comm: &str) -> f64 {
+    largest_mib(comm, "VmRSS:")
+}
+
+fn largest_mib(comm: &str, field: &str) -> f64 {
     processes(comm)
         .into_iter()
-        .filter_map(|pid| status_kib(pid, "VmHWM:"))
+        .filter_map(|pid| status_kib(pid, field))
         .fold(0.0, f64::max)
         / 1024.0
 }

@@ -22,10 +22,11 @@ pub struct Conductors {
     task_defs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Listing>>>>>,
 }
 
-/// Every TaskDef of one Conductor by name, and when they were read.
+/// Every TaskDef of one Conductor by name, and when they were read. Kept as JSON text, a
+/// fraction of the size of parsed values, and parsed for the one task that asks.
 struct Listing {
     read: Instant,
-    defs: HashMap<String, Value>,
+    defs: HashMap<String, String>,
 }
 
 impl Conductors {
@@ -100,10 +101,14 @@ impl Conductors {
             let defs = self.at(base).task_defs().await?;
             *listing = Some(Listing {
                 read: Instant::now(),
-                defs,
+                defs: defs
+                    .into_iter()
+                    .map(|(name, def)| (name, def.to_string()))
+                    .collect(),
             });
         }
-        Ok(listing.as_ref().and_then(|l| l.defs.get(name).cloned()))
+        let def = listing.as_ref().and_then(|l| l.defs.get(name));
+        Ok(def.and_then(|text| serde_json::from_str(text).ok()))
     }
 
     /// What the operator just made TaskDef `name` (`None`: deleted it), so that the next
@@ -111,7 +116,7 @@ impl Conductors {
     pub async fn wrote_task_def(&self, base: &str, name: &str, doc: Option<&Value>) {
         if let Some(listing) = self.listing(base).lock().await.as_mut() {
             match doc {
-                Some(doc) => listing.defs.insert(name.to_owned(), doc.clone()),
+                Some(doc) => listing.defs.insert(name.to_owned(), doc.to_string()),
                 None => listing.defs.remove(name),
             };
         }

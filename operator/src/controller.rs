@@ -241,9 +241,8 @@ where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
     K: Clone + std::fmt::Debug + Serialize + DeserializeOwned + 'static,
 {
-    let rendered = owned::stamped(rendered);
     let kind = K::kind(&());
-    if let Some(live) = owned::unchanged(store, &rendered) {
+    if let Some(live) = ctx.owned.unchanged(store, &rendered) {
         ctx.metrics.applied(&kind, false);
         return Ok(live);
     }
@@ -254,6 +253,7 @@ where
             &Patch::Apply(&rendered),
         )
         .await?;
+    ctx.owned.applied(&rendered, &applied);
     ctx.metrics.applied(&kind, true);
     Ok(Arc::new(applied))
 }
@@ -528,6 +528,10 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.forget_task(&task);
+    ctx.owned.forget(
+        task.namespace().as_deref().unwrap_or("default"),
+        &render::object_name(&task),
+    );
     if task.spec.deletion_policy == DeletionPolicy::Delete {
         let base = conductor_url(&task, ctx);
         let name = &task.spec.task_name;

@@ -2,9 +2,11 @@
 //! pods (busy slots, why a rollout is stuck) and the Deployments and ConfigMaps (their status,
 //! and whether an apply would change anything). A reconcile reads these instead of listing
 //! pods and re-applying unchanged objects: at hundreds of tasks those requests were most of
-//! what the operator asked of the apiserver.
+//! what the operator asked of the apiserver. The stores keep only what is read: no
+//! `managedFields`, no pod or Deployment spec, no ConfigMap data.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,14 +24,14 @@ use crate::render::TASK_LABEL;
 /// The label every object the operator renders carries; the watches select on it.
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=perago-operator";
 
-/// The hash of what the operator last applied to an object, on the object.
-pub const RENDERED: &str = "perago.io/rendered";
-
 #[derive(Clone)]
 pub struct Owned {
     pub pods: Store<Pod>,
     pub deployments: Store<Deployment>,
     pub config_maps: Store<ConfigMap>,
+    /// Per object (`kind/namespace/name`): the hash of the render last applied, and the
+    /// object's version that apply made (see [`version`]).
+    applied: Arc<Mutex<HashMap<String, (String, String)>>>,
 }
 
 /// What fills an [`Owned`]: handed to [`Writers::watch`] once the process leads.
@@ -51,6 +53,7 @@ impl Owned {
             pods,
             deployments,
             config_maps,
+            applied: Arc::default(),
         };
         let writers = Writers {
             pods: pods_writer,
@@ -88,6 +91,72 @@ impl Owned {
                 && pod.labels().get(TASK_LABEL).map(String::as_str) == Some(name)
         })
     }
+
+    /// The watched object of `rendered` when an apply of it would change nothing: this
+    /// process last applied the same render, the object is still at the version that apply
+    /// made (nobody changed its spec or, for a ConfigMap, anything), and its labels,
+    /// annotations and owners still hold the rendered ones (those change no generation).
+    /// After a restart nothing is known, and each object is applied once.
+    pub fn unchanged<K>(&self, store: &Store<K>, rendered: &K) -> Option<Arc<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + Serialize + 'static,
+    {
+        let key = ObjectRef::new(&rendered.name_any()).within(rendered.namespace().as_deref()?);
+        let live = store.get(&key)?;
+        let (hash, made) = self.memo().get(&memo_key(rendered))?.clone();
+        if hash != render_hash(rendered)? || version(&*live)? != made {
+            return None;
+        }
+        let (Ok(live_meta), Ok(rendered_meta)) = (
+            serde_json::to_value(live.meta()),
+            serde_json::to_value(rendered.meta()),
+        ) else {
+            return None;
+        };
+        holds(&live_meta, &rendered_meta).then_some(live)
+    }
+
+    /// `rendered` was applied and the apiserver answered with `applied`.
+    pub fn applied<K: Resource<DynamicType = ()> + Serialize>(&self, rendered: &K, applied: &K) {
+        let mut memo = self.memo();
+        match (render_hash(rendered), version(applied)) {
+            (Some(hash), Some(made)) => memo.insert(memo_key(rendered), (hash, made)),
+            _ => memo.remove(&memo_key(rendered)),
+        };
+    }
+
+    /// A deleted task's objects go with it.
+    pub fn forget(&self, ns: &str, name: &str) {
+        self.memo()
+            .retain(|key, _| !key.ends_with(&format!("/{ns}/{name}")));
+    }
+
+    fn memo(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
+        self.applied.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn memo_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+fn render_hash<K: Serialize>(rendered: &K) -> Option<String> {
+    let bytes = serde_json::to_vec(rendered).ok()?;
+    Some(format!("{:x}", Sha256::digest(bytes)))
+}
+
+/// What changes when somebody changes the object: the generation where it has one (so the
+/// Deployment controller's status writes do not count), else the resource version.
+fn version<K: Resource>(object: &K) -> Option<String> {
+    let meta = object.meta();
+    meta.generation
+        .map(|g| format!("generation {g}"))
+        .or_else(|| meta.resource_version.clone())
 }
 
 impl Writers {
@@ -101,62 +170,36 @@ impl Writers {
         Changes<Deployment>,
         Changes<ConfigMap>,
     ) {
-        let pods = reflected(Api::<Pod>::all(client.clone()), self.pods)
-            .for_each(|_| std::future::ready(()));
-        (
-            pods,
-            reflected(Api::all(client.clone()), self.deployments),
-            reflected(Api::all(client.clone()), self.config_maps),
-        )
+        let pods = reflected(Api::all(client.clone()), self.pods, |pod: &mut Pod| {
+            pod.spec = None;
+        })
+        .for_each(|_| std::future::ready(()));
+        let deployments = reflected(Api::all(client.clone()), self.deployments, |d| {
+            d.spec = None;
+        });
+        let config_maps = reflected(Api::all(client.clone()), self.config_maps, |c| {
+            c.data = None;
+            c.binary_data = None;
+        });
+        (pods, deployments, config_maps)
     }
 }
 
-fn reflected<K>(api: Api<K>, writer: Writer<K>) -> Changes<K>
+/// The watch of `api`'s managed objects into `writer`, each `trim`med of what is not read.
+fn reflected<K>(api: Api<K>, writer: Writer<K>, trim: fn(&mut K)) -> Changes<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     K: serde::de::DeserializeOwned,
 {
     watcher(api, watcher::Config::default().labels(MANAGED))
         .default_backoff()
-        // Nothing reads who manages which field; at hundreds of objects it is most of their
-        // size in memory.
-        .modify(|object| object.managed_fields_mut().clear())
+        .modify(move |object| {
+            object.managed_fields_mut().clear();
+            trim(object);
+        })
         .reflect(writer)
         .touched_objects()
         .boxed()
-}
-
-/// `rendered` with the [`RENDERED`] hash of its content among its annotations.
-pub fn stamped<K: Resource + Serialize>(mut rendered: K) -> K {
-    let hash = match serde_json::to_vec(&rendered) {
-        Ok(bytes) => format!("{:x}", Sha256::digest(bytes)),
-        Err(_) => return rendered,
-    };
-    rendered
-        .annotations_mut()
-        .insert(RENDERED.to_owned(), hash[..16].to_owned());
-    rendered
-}
-
-/// The live object from `store`, when it already holds everything in `rendered` (a
-/// [`stamped`] object): the stamp says nothing was added or removed since the operator last
-/// applied, and the values say nobody changed what it applied. An apply would change nothing.
-pub fn unchanged<K>(store: &Store<K>, rendered: &K) -> Option<Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + 'static,
-{
-    let key = ObjectRef::new(&rendered.name_any()).within(rendered.namespace().as_deref()?);
-    let live = store.get(&key)?;
-    let stamp = rendered.annotations().get(RENDERED)?;
-    if live.annotations().get(RENDERED) != Some(stamp) {
-        return None;
-    }
-    let (Ok(live_value), Ok(rendered_value)) =
-        (serde_json::to_value(&*live), serde_json::to_value(rendered))
-    else {
-        return None;
-    };
-    holds(&live_value, &rendered_value).then_some(live)
 }
 
 #[cfg(test)]
@@ -173,6 +216,15 @@ mod tests {
         .unwrap()
     }
 
+    /// `rendered` as the apiserver stores it at `version`, trimmed as the watch trims it.
+    fn live(rendered: &ConfigMap, version: &str) -> ConfigMap {
+        let mut live = rendered.clone();
+        live.metadata.resource_version = Some(version.into());
+        live.metadata.uid = Some("u".into());
+        live.data = None;
+        live
+    }
+
     fn store_of(objects: Vec<ConfigMap>) -> Store<ConfigMap> {
         let (store, mut writer) = reflector::store();
         writer.apply_watcher_event(&Event::Init);
@@ -184,32 +236,40 @@ mod tests {
     }
 
     #[test]
-    fn an_apply_is_skipped_only_when_the_stamp_and_every_rendered_value_are_live() {
-        let rendered = stamped(config_map("{}"));
-        let mut live = rendered.clone();
-        live.metadata.resource_version = Some("7".into());
-        live.metadata.uid = Some("u".into());
-        assert!(unchanged(&store_of(vec![live.clone()]), &rendered).is_some());
+    fn an_apply_is_skipped_only_for_the_same_render_on_the_version_it_made() {
+        let owned = Owned::empty();
+        let rendered = config_map("{}");
+        let store = store_of(vec![live(&rendered, "7")]);
+        assert!(
+            owned.unchanged(&store, &rendered).is_none(),
+            "never applied by this process"
+        );
+        owned.applied(&rendered, &live(&rendered, "7"));
+        assert!(owned.unchanged(&store, &rendered).is_some());
 
         assert!(
-            unchanged(&store_of(vec![]), &rendered).is_none(),
-            "not made yet"
+            owned.unchanged(&store_of(vec![]), &rendered).is_none(),
+            "gone"
         );
-        let edited = ConfigMap {
-            data: config_map("{\"x\": 1}").data,
-            ..live.clone()
-        };
         assert!(
-            unchanged(&store_of(vec![edited]), &rendered).is_none(),
-            "someone changed a value"
+            owned
+                .unchanged(&store_of(vec![live(&rendered, "8")]), &rendered)
+                .is_none(),
+            "somebody wrote it since"
         );
-        // The render changed: a new stamp, even where the live object holds every new value
-        // (a label the operator no longer renders must be removed by an apply).
-        let fewer_labels = {
-            let mut c = config_map("{}");
-            c.metadata.labels = None;
-            stamped(c)
-        };
-        assert!(unchanged(&store_of(vec![live]), &fewer_labels).is_none());
+        assert!(
+            owned.unchanged(&store, &config_map("{\"x\": 1}")).is_none(),
+            "the render changed"
+        );
+        let mut relabelled = live(&rendered, "7");
+        relabelled.metadata.labels = None;
+        assert!(
+            owned
+                .unchanged(&store_of(vec![relabelled]), &rendered)
+                .is_none(),
+            "a label the operator renders is missing"
+        );
+        owned.forget("ns", "t-perago");
+        assert!(owned.unchanged(&store, &rendered).is_none(), "forgotten");
     }
 }
