@@ -7,6 +7,10 @@
 //! apply, then the same per minute over
 //! `PERAGO_BENCH_STEADY_SECONDS` (60) in which nothing changes, and the time to delete them.
 //!
+//! `PERAGO_E2E_CONTROLLER_MANAGER_QPS` raises the node's controller-manager request rate (20
+//! per second per controller by default), which bounds how soon 500 new Deployments are
+//! observed and so when the tasks turn Ready.
+//!
 //! It prints figures; it asserts only that the work it measures completed.
 //! `cargo bench -p perago-e2e --bench operator` (part of `make bench`).
 

@@ -425,6 +425,15 @@ impl Node {
         .arg(format!("--cluster-signing-key-file={}", ca.key.display()))
         .arg(format!("--service-cluster-ip-range={SERVICE_RANGE}"))
         .arg("--allocate-node-cidrs=false");
+        // The controllers' request rate (default 20 per second each, as in kubeadm): what
+        // bounds how fast hundreds of new Deployments are observed (the operator benchmark).
+        if let Some(qps) = std::env::var("PERAGO_E2E_CONTROLLER_MANAGER_QPS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+        {
+            cmd.arg(format!("--kube-api-qps={qps}"))
+                .arg(format!("--kube-api-burst={}", qps.saturating_mul(2)));
+        }
         let mut controller_manager = ServerProcess::spawn(
             "kube-controller-manager",
             &mut cmd,
