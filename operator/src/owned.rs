@@ -151,12 +151,15 @@ fn render_hash<K: Serialize>(rendered: &K) -> Option<String> {
 }
 
 /// What changes when somebody changes the object: the generation where it has one (so the
-/// Deployment controller's status writes do not count), else the resource version.
+/// Deployment controller's status writes do not count), else the resource version; with the
+/// uid, so that an object deleted and made again by somebody else is not taken for it.
 fn version<K: Resource>(object: &K) -> Option<String> {
     let meta = object.meta();
-    meta.generation
+    let version = meta
+        .generation
         .map(|g| format!("generation {g}"))
-        .or_else(|| meta.resource_version.clone())
+        .or_else(|| meta.resource_version.clone())?;
+    Some(format!("{} {version}", meta.uid.as_deref()?))
 }
 
 impl Writers {
@@ -260,6 +263,14 @@ mod tests {
         assert!(
             owned.unchanged(&store, &config_map("{\"x\": 1}")).is_none(),
             "the render changed"
+        );
+        let mut made_again = live(&rendered, "7");
+        made_again.metadata.uid = Some("v".into());
+        assert!(
+            owned
+                .unchanged(&store_of(vec![made_again]), &rendered)
+                .is_none(),
+            "deleted and made again by somebody else"
         );
         let mut relabelled = live(&rendered, "7");
         relabelled.metadata.labels = None;
