@@ -73,9 +73,7 @@ impl Conductors {
             })
             .clone()
     }
-}
 
-impl Conductors {
     fn listing(&self, base: &str) -> Arc<tokio::sync::Mutex<Option<Listing>>> {
         self.task_defs
             .lock()

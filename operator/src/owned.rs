@@ -24,7 +24,6 @@ use crate::render::TASK_LABEL;
 /// The label every object the operator renders carries; the watches select on it.
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=perago-operator";
 
-#[derive(Clone)]
 pub struct Owned {
     pub pods: Store<Pod>,
     pub deployments: Store<Deployment>,
