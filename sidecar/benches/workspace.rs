@@ -18,6 +18,7 @@
 //! PERAGO_BENCH_SCALE (percent, default 100) scales the file counts and the large file,
 //! PERAGO_BENCH_WORKLOADS (default `abcd`) picks workloads;
 //! PERAGO_BENCH_PARALLELISM (default 16, the sidecar's default) sets the transfers at once.
+//! Every side's files (workspaces, scratch files, lakeFS's blockstore) are made under TMPDIR.
 
 #![allow(clippy::unwrap_used)]
 
