@@ -3,13 +3,18 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench bench-quick lint crds check-crds manifests docs release-binaries check-images obtain services-up services-down clean
+.PHONY: build demo test bench bench-quick lint crds check-crds manifests docs release-binaries check-images obtain prerequisites services-up services-down clean
+
+## Check, and install when missing (Debian packages as root, the musl target), what the
+## targets below need; silent and well under a second when everything is present.
+prerequisites:
+	e2e/bin/prerequisites
 
 build:
 	$(CARGO) build --workspace --all-targets
 
 ## Build (once, then cached outside the repository) every third-party server the tests use.
-obtain:
+obtain: prerequisites
 	e2e/bin/obtain all
 
 ## The main job: the operator and a workspace task publishing to lakeFS, on the real servers.
@@ -18,9 +23,10 @@ demo: obtain release-binaries
 	$(CARGO) run -q -p perago-e2e --bin perago-demo
 
 ## Every test: unit, CLI, the differential test against Python Perago, and the real servers
-## and node (whose images are made from the release binaries).
+## and node (whose images are made from the release binaries), in two lanes at once
+## (e2e/bin/test; docs/testing.md).
 test: obtain release-binaries
-	$(CARGO) test --workspace --no-fail-fast
+	CARGO=$(CARGO) e2e/bin/test
 
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain release-binaries
@@ -38,6 +44,7 @@ bench-quick: obtain release-binaries
 .PHONY: fuzz
 FUZZ_SECONDS ?= 1800
 fuzz:
+	e2e/bin/prerequisites fuzz
 	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run
 
 ## Regenerate the PeragoTask reference from the CRD (a test fails when it drifts).
@@ -48,23 +55,23 @@ docs:
 ## and the kubectl plugin (kubectl-perago), released beside them.
 RELEASE_TARGET := x86_64-unknown-linux-musl
 OUT ?= target/release-binaries
-release-binaries:
+release-binaries: prerequisites
 	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-runner -p perago-kubectl --bins
 	mkdir -p $(OUT)
 	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
 
 ## Lint the Dockerfile and check the binaries it ships (static, run as the image's user).
-check-images:
+check-images: prerequisites
 	e2e/bin/obtain hadolint >/dev/null
 	$$(e2e/bin/obtain hadolint | cut -d' ' -f2) Dockerfile
 	$(MAKE) release-binaries
 	e2e/bin/check-release-binaries $(OUT)
 
-lint:
+lint: prerequisites
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
-	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog fuzz/run deploy/krew/manifest
+	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test fuzz/run deploy/krew/manifest .ci/run
 
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:

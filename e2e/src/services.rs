@@ -64,55 +64,24 @@ fn java() -> Result<PathBuf> {
 impl Conductor {
     pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
         let jar = obtain("conductor")?;
+        let java = java()?;
+        let options: Vec<String> = class_archive(&java, &jar, dir)
+            .await
+            .map(|archive| {
+                // Checked against its checksum: a damaged archive is left unused, not mapped.
+                vec![
+                    "-XX:+VerifySharedSpaces".to_owned(),
+                    format!("-XX:SharedArchiveFile={}", archive.display()),
+                ]
+            })
+            .unwrap_or_default();
         let port = free_port()?;
-        let db = dir.join("conductor.db");
-        // Tomcat and Conductor's payload store write under java.io.tmpdir: keep that in the
-        // run's directory, which the harness removes.
-        let tmp = dir.join("conductor-tmp");
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        let mut cmd = Command::new(java()?);
-        cmd.current_dir(dir)
-            .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
-            .args([
-                "-Xms256m",
-                "-Xmx1g",
-                "-XX:TieredStopAtLevel=1",
-                "-XX:+UseSerialGC",
-                "-jar",
-            ])
-            .arg(&jar)
-            .arg(format!("--server.port={port}"))
-            .arg(format!("--server.address={host}"))
-            .arg(format!(
-                "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
-                db.display()
-            ))
-            .args([
-                "--conductor.db.type=sqlite",
-                "--conductor.queue.type=sqlite",
-                "--conductor.indexing.type=sqlite",
-                "--conductor.app.ownerEmailMandatory=false",
-                "--conductor.app.taskExecutionPostponeDuration=1s",
-                "--conductor.app.sweeperThreadCount=1",
-                "--conductor.integrations.ai.enabled=false",
-                "--conductor.scheduler.enabled=false",
-                "--conductor.metrics-prometheus.enabled=false",
-            ]);
+        let mut cmd = conductor_command(&java, &jar, dir, host, port, &options)?;
         let mut process = ServerProcess::spawn("conductor", &mut cmd, dir.join("conductor.log"))?;
         let base = format!("http://{host}:{port}");
         let client = http_client();
         let took = wait_ready(&mut process, Duration::from_secs(240), || {
-            let client = client.clone();
-            let url = format!("{base}/health");
-            async move {
-                match client.get(url).send().await {
-                    Ok(r) => r
-                        .text()
-                        .await
-                        .is_ok_and(|t| t.replace(' ', "").contains("\"healthy\":true")),
-                    Err(_) => false,
-                }
-            }
+            conductor_healthy(client.clone(), base.clone())
         })
         .await?;
         let version = client
@@ -129,6 +98,137 @@ impl Conductor {
             _process: process,
         })
     }
+}
+
+/// The command of a Conductor server with its state in `dir`, listening on `host:port`;
+/// `jvm_options` go before `-jar`.
+fn conductor_command(
+    java: &Path,
+    jar: &Path,
+    dir: &Path,
+    host: IpAddr,
+    port: u16,
+    jvm_options: &[String],
+) -> Result<Command> {
+    // Tomcat and Conductor's payload store write under java.io.tmpdir: keep that in the
+    // run's directory, which the harness removes.
+    let tmp = dir.join("conductor-tmp");
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut cmd = Command::new(java);
+    cmd.current_dir(dir)
+        .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
+        .args([
+            "-Xms256m",
+            "-Xmx1g",
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+        ])
+        .args(jvm_options)
+        .arg("-jar")
+        .arg(jar)
+        .arg(format!("--server.port={port}"))
+        .arg(format!("--server.address={host}"))
+        .arg(format!(
+            "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
+            dir.join("conductor.db").display()
+        ))
+        .args([
+            "--conductor.db.type=sqlite",
+            "--conductor.queue.type=sqlite",
+            "--conductor.indexing.type=sqlite",
+            "--conductor.app.ownerEmailMandatory=false",
+            "--conductor.app.taskExecutionPostponeDuration=1s",
+            "--conductor.app.sweeperThreadCount=1",
+            "--conductor.integrations.ai.enabled=false",
+            "--conductor.scheduler.enabled=false",
+            "--conductor.metrics-prometheus.enabled=false",
+        ]);
+    Ok(cmd)
+}
+
+async fn conductor_healthy(client: reqwest::Client, base: String) -> bool {
+    match client.get(format!("{base}/health")).send().await {
+        Ok(r) => r
+            .text()
+            .await
+            .is_ok_and(|t| t.replace(' ', "").contains("\"healthy\":true")),
+        Err(_) => false,
+    }
+}
+
+/// The class-data archive of Conductor for this JVM (`cds-<JDK>.jsa` beside the extracted
+/// server), made on first use by one start of the server that writes the classes it loaded
+/// when it stops. With it the JVM maps those classes instead of loading and verifying them
+/// again: Conductor starts in about half the time, at every start of every test binary.
+/// `None` (and one line saying why) when it cannot be made; the server then starts without.
+async fn class_archive(java: &Path, jar: &Path, dir: &Path) -> Option<PathBuf> {
+    let jdk = java
+        .parent()?
+        .parent()?
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    let archive = jar.parent()?.parent()?.join(format!("cds-{jdk}.jsa"));
+    if archive.is_file() {
+        return Some(archive);
+    }
+    let started = std::time::Instant::now();
+    match train_class_archive(java, jar, &dir.join("conductor-cds"), &archive).await {
+        Ok(()) => {
+            eprintln!(
+                "[e2e] made Conductor's class-data archive {} in {:.0?}",
+                archive.display(),
+                started.elapsed()
+            );
+            Some(archive)
+        }
+        Err(e) => {
+            eprintln!("[e2e] Conductor starts without a class-data archive: {e:#}");
+            None
+        }
+    }
+}
+
+async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Written under a name of this process, then renamed: a run stopped half-way, or two
+    // making it at once, never leave a partial archive under the final name.
+    let partial = archive.with_extension(format!("jsa.{}", std::process::id()));
+    let port = free_port()?;
+    let host = LOOPBACK;
+    let options = [
+        "-XX:+VerifySharedSpaces".to_owned(),
+        format!("-XX:ArchiveClassesAtExit={}", partial.display()),
+    ];
+    let mut cmd = conductor_command(java, jar, dir, host, port, &options)?;
+    // The archive is written as the JVM exits: give it time to after the SIGTERM.
+    cmd.env("PERAGO_WATCHDOG_GRACE_SECONDS", "120");
+    let mut process = ServerProcess::spawn("conductor", &mut cmd, dir.join("conductor.log"))?;
+    let base = format!("http://{host}:{port}");
+    let client = http_client();
+    wait_ready(&mut process, Duration::from_secs(240), || {
+        conductor_healthy(client.clone(), base.clone())
+    })
+    .await?;
+    let log = process.log_path().to_owned();
+    tokio::task::spawn_blocking(move || drop(process)).await?;
+    let written = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+    if written == 0 {
+        let _ = std::fs::remove_file(&partial);
+        bail!(
+            "the training start wrote no archive; log {}:\n{}",
+            log.display(),
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    std::fs::rename(&partial, archive)
+        .with_context(|| format!("renaming {} to {}", partial.display(), archive.display()))
 }
 
 /// A running lakeFS server with an admin user.
