@@ -333,7 +333,9 @@ impl Kube {
             .args(["--unsafe-no-fsync", "--log-level=warn"]);
         let mut etcd = ServerProcess::spawn("etcd", &mut etcd_cmd, dir.join("etcd.log"))?;
         let client = http_client();
-        wait_ready(&mut etcd, Duration::from_secs(30), || {
+        // Generous: on a 2-core machine still busy with the previous node's clean-up, etcd
+        // once took over 30 s to answer its first health check.
+        wait_ready(&mut etcd, Duration::from_secs(120), || {
             let client = client.clone();
             let url = format!("{etcd_url}/health");
             async move {
