@@ -77,13 +77,9 @@ impl Conductor {
             .unwrap_or_default();
         let port = free_port()?;
         let mut cmd = conductor_command(&java, &jar, dir, host, port, &options)?;
-        let mut process = ServerProcess::spawn("conductor", &mut cmd, dir.join("conductor.log"))?;
         let base = format!("http://{host}:{port}");
+        let (process, took) = spawn_healthy("conductor", &mut cmd, dir, &base).await?;
         let client = http_client();
-        let took = wait_ready(&mut process, Duration::from_secs(240), || {
-            conductor_healthy(client.clone(), base.clone())
-        })
-        .await?;
         let version = client
             .get(format!("{base}/api/version"))
             .send()
@@ -146,14 +142,31 @@ fn conductor_command(
     Ok(cmd)
 }
 
-async fn conductor_healthy(client: reqwest::Client, base: String) -> bool {
-    match client.get(format!("{base}/health")).send().await {
-        Ok(r) => r
-            .text()
-            .await
-            .is_ok_and(|t| t.replace(' ', "").contains("\"healthy\":true")),
-        Err(_) => false,
-    }
+/// Start a Conductor command (its log `conductor.log` in `dir`) and wait until the server at
+/// `base` says it is healthy; also how long that took.
+async fn spawn_healthy(
+    name: &str,
+    cmd: &mut Command,
+    dir: &Path,
+    base: &str,
+) -> Result<(ServerProcess, Duration)> {
+    let mut process = ServerProcess::spawn(name, cmd, dir.join("conductor.log"))?;
+    let client = http_client();
+    let url = format!("{base}/health");
+    let took = wait_ready(&mut process, Duration::from_secs(240), || {
+        let answer = client.get(&url).send();
+        async move {
+            match answer.await {
+                Ok(r) => r
+                    .text()
+                    .await
+                    .is_ok_and(|t| t.replace(' ', "").contains("\"healthy\":true")),
+                Err(_) => false,
+            }
+        }
+    })
+    .await?;
+    Ok((process, took))
 }
 
 /// The class-data archive of Conductor for this JVM (`cds-<JDK>.jsa` beside the extracted
@@ -204,16 +217,13 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
     let mut cmd = conductor_command(java, jar, dir, host, port, &options)?;
     // The archive is written as the JVM exits: give it time to after the SIGTERM.
     cmd.env("PERAGO_WATCHDOG_GRACE_SECONDS", "120");
-    let mut process = ServerProcess::spawn(
+    let base = format!("http://{host}:{port}");
+    let (process, _) = spawn_healthy(
         "conductor (making its class-data archive)",
         &mut cmd,
-        dir.join("conductor.log"),
-    )?;
-    let base = format!("http://{host}:{port}");
-    let client = http_client();
-    wait_ready(&mut process, Duration::from_secs(240), || {
-        conductor_healthy(client.clone(), base.clone())
-    })
+        dir,
+        &base,
+    )
     .await?;
     // Dropping the server stops it (SIGTERM, then the grace above), which writes the archive.
     let log = process.log_path().to_owned();
