@@ -1,7 +1,7 @@
 //! What the Perago sidecar and `perago-runner` share with the operator without needing
 //! Kubernetes: the task contract and the spec types it carries, the runner protocol, the
-//! workspace path rules, and the small helpers both clients use. `perago-api` re-exports all
-//! of it beside the `PeragoTask` resource.
+//! workspace path rules, and the small helpers every client uses (error chains, quoted values,
+//! names, URL segments). `perago-api` re-exports all of it beside the `PeragoTask` resource.
 
 pub mod contract;
 pub mod credentials;
@@ -9,6 +9,7 @@ pub mod errors;
 pub mod paths;
 pub mod protocol;
 pub mod spec;
+pub mod text;
 pub mod url;
 
 pub use credentials::ConductorCredentials;

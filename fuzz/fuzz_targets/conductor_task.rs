@@ -17,9 +17,9 @@
 use libfuzzer_sys::fuzz_target;
 use perago_conductor::{ConductorError, ErrorKind, answer, polled_tasks};
 use perago_fuzz::stays_inside;
-use perago_sidecar::attempt::{AttemptSnapshot, report_identity};
+use perago_workspace::attempt::{AttemptSnapshot, report_identity};
 use perago_sidecar::execution::safe;
-use perago_sidecar::workspace::publish::{is_step_branch, staging_branch};
+use perago_workspace::staging::{StagingBranch, is_step_branch};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -78,7 +78,7 @@ fn check_task(task: &Value) {
             check_safe_name(&s.task_id);
             let dir = format!("task_id={}-exec={}", safe(&s.task_id), safe(EXECUTION_ID));
             assert!(stays_inside(&dir) && !dir.contains('/'), "{dir:?}");
-            let branch = staging_branch(&s, EXECUTION_ID);
+            let branch = StagingBranch::of(&s, EXECUTION_ID).to_string();
             assert!(is_branch_name(&branch), "{branch:?}");
             assert!(is_step_branch(&branch, &s), "the sweep misses {branch:?}");
             if let Some(other) = s.iteration.checked_add(1) {

@@ -15,8 +15,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use perago_sidecar::lakefs::{
-    self, Call, Commit, LakeFsError, ObjectEntry, branch_commit, delete_failure, error_message,
+use perago_lakefs::{
+    Call, Commit, LakeFsError, ObjectEntry, branch_commit, delete_failure, error_message,
     merge_reference,
 };
 use perago_sidecar::workspace::{download, publish};
@@ -37,7 +37,7 @@ fn refused(call: &str, e: &LakeFsError) {
 fn page<T: serde::de::DeserializeOwned>(call: &'static str, body: &[u8]) -> Option<Vec<T>> {
     let mut first = None;
     for after in ["", "data/raw/a.wav"] {
-        match lakefs::page::<T>(Call::new(call, REPO, REF), after, body) {
+        match perago_lakefs::page::<T>(Call::new(call, REPO, REF), after, body) {
             Ok((results, next)) => {
                 if let Some(next) = next {
                     assert!(
@@ -54,7 +54,7 @@ fn page<T: serde::de::DeserializeOwned>(call: &'static str, body: &[u8]) -> Opti
 }
 
 fn value(call: &'static str, body: &[u8]) -> Option<Value> {
-    lakefs::decode::<Value>(Call::new(call, REPO, REF), body)
+    perago_lakefs::decode::<Value>(Call::new(call, REPO, REF), body)
         .map_err(|e| refused(call, &e))
         .ok()
 }
@@ -131,7 +131,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         4 => {
-            if let Err(e) = lakefs::decode::<Commit>(Call::new("commit", REPO, REF), body) {
+            if let Err(e) = perago_lakefs::decode::<Commit>(Call::new("commit", REPO, REF), body) {
                 refused("commit", &e);
             }
         }
@@ -145,7 +145,7 @@ fuzz_target!(|data: &[u8]| {
         }
         6 => {
             if let Err(e) =
-                lakefs::decode::<ObjectEntry>(Call::new("upload object", REPO, REF), body)
+                perago_lakefs::decode::<ObjectEntry>(Call::new("upload object", REPO, REF), body)
             {
                 refused("upload object", &e);
             }

@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 use libfuzzer_sys::fuzz_target;
 use perago_api::paths::{self, ATTEMPT_MARKER, ROOT_PREFIX};
 use perago_fuzz::{parts, stays_inside};
-use perago_sidecar::lakefs::ObjectEntry;
-use perago_sidecar::outcome::{QUOTED_MAX, clip};
+use perago_lakefs::ObjectEntry;
+use perago_contract::text::{QUOTED_MAX, clip};
 use perago_sidecar::workspace::download::{self, NAME_MAX};
 
 fn entry(path: &str) -> ObjectEntry {

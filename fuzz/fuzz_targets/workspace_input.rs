@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use perago_sidecar::workspace::input::WorkspaceRef;
+use perago_workspace::reference::WorkspaceRef;
 use serde_json::Value;
 
 const FIELDS: [&str; 4] = ["repository", "branch", "refType", "ref"];

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use perago_conductor::{ConductorClient, Credentials};
-use perago_sidecar::lakefs::LakeFsClient;
+use perago_lakefs::LakeFsClient;
 
 use crate::Failure;
 

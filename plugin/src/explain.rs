@@ -13,12 +13,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use perago_conductor::{Workflow, WorkflowTask};
-use perago_sidecar::attempt::AttemptSnapshot;
-use perago_sidecar::lakefs::{Commit, LakeFsClient, LakeFsError};
-use perago_sidecar::workspace::history::confirm_of;
-use perago_sidecar::workspace::input::WorkspaceRef;
-use perago_sidecar::workspace::janitor::task_id_from_name;
-use perago_sidecar::workspace::publish::{is_step_branch, staging_branch, step_branch_prefix};
+use perago_lakefs::{Commit, LakeFsClient, LakeFsError};
+use perago_workspace::attempt::AttemptSnapshot;
+use perago_workspace::history::confirm_of;
+use perago_workspace::publication::{Key, Phase};
+use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::staging::{self, StagingBranch};
 
 use crate::Failure;
 use crate::connect::Endpoints;
@@ -408,22 +408,23 @@ impl Reader<'_> {
 
         // Staging branches: the step's, then this attempt's by its task id and retry count.
         let snapshot = snapshot(wf, task);
-        let marker = task_id_from_name(&staging_branch(&snapshot, "e"))
-            .map(|id| format!("-task-id-{id}-retry-{}-exec-", task.retry_count));
+        let ours = StagingBranch::of(&snapshot, "");
         match self
-            .step_branches(&ws.repository, &step_branch_prefix(&snapshot))
+            .step_branches(&ws.repository, &staging::step_prefix(&snapshot))
             .await?
         {
             Ok(names) => {
                 for name in names.iter().filter(|n| {
-                    is_step_branch(n, &snapshot)
-                        && marker.as_ref().is_some_and(|m| n.contains(m.as_str()))
+                    StagingBranch::parse(n).is_some_and(|b| {
+                        b.is_of_step(&snapshot)
+                            && b.task == ours.task
+                            && b.retry_count == ours.retry_count
+                    })
                 }) {
                     match self.lakefs.get_commit(&ws.repository, name).await {
                         Ok(head) => {
-                            let is_try = head.metadata.get("perago.phase").map(String::as_str)
-                                == Some("try")
-                                && head.metadata.get("perago.task_id") == Some(&task.task_id);
+                            let is_try = Phase::of(&head.metadata) == Some(Phase::Try)
+                                && Key::TaskId.get(&head.metadata) == Some(task.task_id.as_str());
                             view.staging.push(StagingView {
                                 branch: name.clone(),
                                 try_commit: is_try.then(|| head.id.clone()),
@@ -444,24 +445,20 @@ impl Reader<'_> {
             Ok(log) => {
                 let is_ours = |c: &&Commit| {
                     confirm_of(c).is_some()
-                        && c.metadata.get("perago.task_id") == Some(&task.task_id)
+                        && Key::TaskId.get(&c.metadata) == Some(task.task_id.as_str())
                 };
                 let confirm = log.range.iter().find(is_ours);
-                let meta = |c: &Commit, k: &str| c.metadata.get(k).cloned().unwrap_or_default();
+                let meta = |c: &Commit, k: Key| k.get(&c.metadata).unwrap_or_default().to_owned();
                 let superseded_by = confirm.and_then(|ours| {
                     log.range.iter().find(|c| {
                         confirm_of(c).is_some()
-                            && c.metadata.get("perago.supersedes") == Some(&ours.id)
+                            && Key::Supersedes.get(&c.metadata) == Some(ours.id.as_str())
                     })
                 });
                 view.facts.superseded_by =
-                    superseded_by.map(|c| (c.id.clone(), meta(c, "perago.retry_count")));
-                view.facts.confirm_base = confirm.map(|c| {
-                    (
-                        meta(c, "perago.expected_head"),
-                        meta(c, "perago.supersedes"),
-                    )
-                });
+                    superseded_by.map(|c| (c.id.clone(), meta(c, Key::RetryCount)));
+                view.facts.confirm_base =
+                    confirm.map(|c| (meta(c, Key::ExpectedHead), meta(c, Key::Supersedes)));
                 if let Some(out) = &view.output_ref
                     && confirm.is_none_or(|c| &c.id != out)
                 {
@@ -469,7 +466,7 @@ impl Reader<'_> {
                         .range
                         .iter()
                         .find(|c| &c.id == out && confirm_of(c).is_some())
-                        .map(|c| meta(c, "perago.retry_count"));
+                        .map(|c| meta(c, Key::RetryCount));
                 }
                 view.search = Some(SearchView {
                     branch: ws.branch.clone(),

@@ -11,13 +11,13 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 use serde::Serialize;
 
-use perago_sidecar::lakefs::{LakeFsClient, LakeFsError};
+use perago_lakefs::{LakeFsClient, LakeFsError};
+use perago_workspace::hard_fence::{fences_branch, is_hard_fence, pre_merge_branches};
 
 use crate::Failure;
 use crate::connect::Endpoints;
 use crate::history::hard_fence;
 use crate::output::{Table, cell, short};
-use perago_sidecar::workspace::hard_fence::{fences_branch, is_hard_fence, pre_merge_branches};
 
 pub const ACTION_PATH: &str = "_lakefs_actions/perago-hard-fence.yaml";
 pub const MESSAGE: &str = "Install the Perago hard fence";

@@ -1,5 +1,5 @@
 //! `kubectl perago gc`: delete the staging branches whose attempt can no longer publish, by
-//! the verdicts of `perago_sidecar::workspace::janitor` (the same the running sidecars sweep
+//! the verdicts of `perago_workspace::janitor` (the same the running sidecars sweep
 //! with). Every verdict is made before the first deletion: a Conductor or lakeFS that fails
 //! stops the command with nothing deleted.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use perago_sidecar::workspace::janitor;
+use perago_workspace::janitor;
 
 use crate::Failure;
 use crate::connect::Endpoints;

@@ -1,5 +1,5 @@
 //! `kubectl perago history`: a branch's first-parent history, each commit classified by the
-//! rules the publish fence applies (`perago_sidecar::workspace::history`), with the Conductor
+//! rules the publish fence applies (`perago_workspace::history`), with the Conductor
 //! status of each publication's task now, supersede chains, and whether the hard fence is
 //! installed on the branch.
 
@@ -10,13 +10,14 @@ use clap::Args;
 use serde::Serialize;
 
 use perago_conductor::ConductorClient;
-use perago_sidecar::lakefs::{Commit, LakeFsClient};
-use perago_sidecar::workspace::history::{Entry, examine};
+use perago_lakefs::{Commit, LakeFsClient};
+use perago_workspace::history::{Entry, examine};
+use perago_workspace::publication::Key;
+use perago_workspace::{hard_fence, janitor};
 
 use crate::Failure;
 use crate::connect::Endpoints;
 use crate::output::{Table, cell, columns, short};
-use perago_sidecar::workspace::{hard_fence, janitor};
 
 #[derive(Args, Debug)]
 pub struct HistoryArgs {
@@ -140,13 +141,7 @@ async fn view(
     entry: Entry,
     conductor: Option<&ConductorClient>,
 ) -> Result<CommitView, Failure> {
-    let meta = |k: &str| {
-        commit
-            .metadata
-            .get(&format!("perago.{k}"))
-            .cloned()
-            .unwrap_or_default()
-    };
+    let meta = |k: Key| k.get(&commit.metadata).unwrap_or_default().to_owned();
     Ok(match entry {
         Entry::Foreign { id } => CommitView::Foreign {
             id,
@@ -166,9 +161,9 @@ async fn view(
             };
             CommitView::Confirm {
                 id,
-                workflow: meta("workflow_instance_id"),
-                step: meta("reference_task_name"),
-                attempt: meta("retry_count"),
+                workflow: meta(Key::WorkflowInstanceId),
+                step: meta(Key::ReferenceTaskName),
+                attempt: meta(Key::RetryCount),
                 task_id,
                 task_status,
                 supersedes,

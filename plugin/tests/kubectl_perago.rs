@@ -785,7 +785,7 @@ async fn lakefs_reads_pre_merge_branches_as_path_match_patterns_and_history_agre
         };
         assert_eq!(seen, expected, "lakeFS on {pattern:?} for {target}");
         assert_eq!(
-            perago_sidecar::workspace::hard_fence::fences_branch(&action, target),
+            perago_workspace::hard_fence::fences_branch(&action, target),
             seen == Seen::HookRan,
             "history's reading of {pattern:?} for {target}"
         );

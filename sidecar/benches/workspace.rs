@@ -34,7 +34,7 @@ use perago_e2e::measure::{ProcessTree, counter_by, delta};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, Services};
-use perago_sidecar::lakefs::LakeFsClient;
+use perago_lakefs::LakeFsClient;
 use perago_sidecar::workspace::{publish, snapshot};
 use serde_json::{Value, json};
 

@@ -15,7 +15,6 @@ use crate::broker::{Broker, TaskRuntime};
 use crate::config::Settings;
 use crate::execution;
 use crate::input::Schemas;
-use crate::lakefs::LakeFsClient;
 use crate::otlp::{self, Exporter};
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
@@ -24,6 +23,7 @@ use crate::workspace::janitor::StagingSweep;
 use crate::workspace::{TransferLimits, WorkspaceRuntime};
 use perago_conductor::ConductorClient;
 use perago_contract::protocol::SOCKET_NAME;
+use perago_lakefs::LakeFsClient;
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]

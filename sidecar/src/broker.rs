@@ -13,7 +13,6 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use perago_contract::contract::TaskContract;
 
-use crate::attempt::{AttemptSnapshot, report_identity};
 use crate::config::RuntimeSettings;
 use crate::failure::AttemptError;
 use crate::input::Schemas;
@@ -24,6 +23,7 @@ use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
 use crate::workspace::{WorkspaceRuntime, publish};
 use perago_conductor::{ConductorClient, ConductorError};
+use perago_workspace::attempt::{AttemptSnapshot, report_identity};
 
 pub struct Broker {
     pub contract: TaskContract,

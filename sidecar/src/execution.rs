@@ -13,13 +13,13 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::attempt::AttemptSnapshot;
 use crate::failure::{AttemptError, FileError};
 use crate::input::Schemas;
-use crate::outcome::clip_path;
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
 use perago_contract::protocol::{env, files};
+use perago_contract::text::clip_path;
+use perago_workspace::attempt::AttemptSnapshot;
 
 /// Name of the attempt marker, kept in the execution directory beside (never inside) the
 /// workspace the body sees.
@@ -30,7 +30,8 @@ pub const EXECUTIONS: &str = "executions";
 /// `[A-Za-z0-9_.=-]` kept, other runs replaced by `_`, `.`/`_` trimmed at both ends.
 pub fn safe(text: &str) -> String {
     let keep = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '=' | '-');
-    crate::names::sanitized(text, keep, '_', ['.', '_']).unwrap_or_else(|| "unknown".into())
+    perago_contract::text::sanitized(text, keep, '_', ['.', '_'])
+        .unwrap_or_else(|| "unknown".into())
 }
 
 /// The execution directory of one attempt, created fresh (a collision fails the attempt) and

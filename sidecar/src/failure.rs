@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::attempt::SnapshotError;
 use crate::input::InputError;
-use crate::lakefs::LakeFsError;
-use crate::outcome::{Outcome, clip_path};
+use perago_contract::text::clip_path;
+use perago_lakefs::LakeFsError;
+use perago_workspace::attempt::SnapshotError;
+
+use crate::outcome::Outcome;
 use crate::workspace::download::DownloadError;
 use crate::workspace::guardrails::GuardrailError;
 use crate::workspace::publish::{FenceError, StageError};

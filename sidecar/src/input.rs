@@ -26,6 +26,15 @@ pub enum InputError {
     },
 }
 
+impl From<perago_workspace::reference::InvalidWorkspace> for InputError {
+    fn from(e: perago_workspace::reference::InvalidWorkspace) -> Self {
+        Self::Invalid {
+            what: "workspace",
+            problems: e.problems,
+        }
+    }
+}
+
 /// A schema of the task contract does not compile (the sidecar refuses to start).
 #[derive(Debug, thiserror::Error)]
 #[error("task contract {which} is not a valid JSON Schema: {cause}")]

@@ -2,15 +2,12 @@
 //! the task-body container through `perago-runner`, and reports the result.
 
 pub mod app;
-pub mod attempt;
 pub mod broker;
 pub mod config;
 pub mod execution;
 pub mod failure;
 pub mod http;
 pub mod input;
-pub mod lakefs;
-pub mod names;
 pub mod otlp;
 pub mod outcome;
 pub mod pipeline;

@@ -1,34 +1,7 @@
 //! The three results an attempt can end in, and the payload-shape rules that go with them
 //! (COMPLETED carries output and no reason; failures carry a reason and no output).
 
-use std::borrow::Cow;
-
 use serde_json::{Map, Value, json};
-
-/// Longest object key, local path or lakeFS ref a failure reason quotes in full. Longer
-/// values keep their start and end around an ellipsis, so that the cause, which follows them,
-/// survives the cut to `PERAGO_FAILURE_REASON_MAX_LENGTH` (500 by default).
-pub const QUOTED_MAX: usize = 160;
-
-/// `text`, or for a text longer than `max_chars` characters its start and its end joined by
-/// `…` (`max_chars` characters in all).
-pub fn clip(text: &str, max_chars: usize) -> Cow<'_, str> {
-    let length = text.chars().count();
-    if length <= max_chars {
-        return Cow::Borrowed(text);
-    }
-    let keep = max_chars.saturating_sub(1);
-    let head = keep.div_ceil(2);
-    let tail = keep - head;
-    let start: String = text.chars().take(head).collect();
-    let end: String = text.chars().skip(length - tail).collect();
-    Cow::Owned(format!("{start}…{end}"))
-}
-
-/// [`clip`] for a path shown in a reason.
-pub fn clip_path(path: &std::path::Path) -> String {
-    clip(&path.display().to_string(), QUOTED_MAX).into_owned()
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
@@ -120,19 +93,6 @@ mod tests {
             json!({"workflowInstanceId": "w", "taskId": "t", "workerId": "pod-1",
                    "status": "FAILED_WITH_TERMINAL_ERROR", "reasonForIncompletion": "pre guardrail"})
         );
-    }
-
-    #[test]
-    fn long_quoted_values_keep_their_start_and_end() {
-        assert_eq!(clip("short", 10), "short");
-        assert_eq!(clip("abcdefghij", 10), "abcdefghij");
-        assert_eq!(clip("abcdefghijk", 10), "abcde…hijk");
-        assert_eq!(clip("abcdefghijk", 10).chars().count(), 10);
-        assert_eq!(clip("éééééé漢字", 5), "éé…漢字");
-        let long = format!("/work/{}/file.txt", "x".repeat(400));
-        let clipped = clip_path(std::path::Path::new(&long));
-        assert_eq!(clipped.chars().count(), QUOTED_MAX);
-        assert!(clipped.starts_with("/work/xx") && clipped.ends_with("x/file.txt"));
     }
 
     #[test]

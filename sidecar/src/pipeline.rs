@@ -20,16 +20,19 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::attempt::AttemptSnapshot;
+use perago_lakefs::LakeFsError;
+use perago_workspace::attempt::AttemptSnapshot;
+use perago_workspace::publication::{Confirmation, Publication};
+use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::staging::StagingBranch;
+
 use crate::broker::{Broker, TaskRuntime};
 use crate::config::FaultPoint;
 use crate::execution::{self, Dispatch, ExecutionDir};
 use crate::failure::AttemptError;
 use crate::input;
-use crate::lakefs::LakeFsError;
 use crate::runner::Lease;
 use crate::workspace::guardrails::GuardrailError;
-use crate::workspace::input::WorkspaceRef;
 use crate::workspace::publish::{self, PublishBase, StageError};
 use crate::workspace::snapshot::Snapshot;
 use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
@@ -66,7 +69,7 @@ enum Accepted<'a> {
 struct Staged {
     branch: String,
     commit: String,
-    try_metadata: std::collections::BTreeMap<String, String>,
+    publication: Publication,
 }
 
 pub struct Attempt<'a> {
@@ -234,7 +237,7 @@ impl Attempt<'_> {
         tokio::fs::create_dir(&root).await.map_err(|e| {
             AttemptError::Local(format!(
                 "creating {} failed: {e}",
-                crate::outcome::clip_path(&root)
+                perago_contract::text::clip_path(&root)
             ))
         })?;
         let _timer = self.metrics().time_phase("download");
@@ -407,7 +410,7 @@ impl Attempt<'_> {
         if plan.uploads.is_empty() && plan.deletes.is_empty() {
             return Ok(None);
         }
-        let branch = publish::staging_branch(self.snapshot, self.execution_id);
+        let branch = StagingBranch::of(self.snapshot, self.execution_id).to_string();
         lakefs
             .create_branch(&ws.repository, &branch, &base.base)
             .await
@@ -428,9 +431,14 @@ impl Attempt<'_> {
                 .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
             return Err(StageError::from(e).into());
         }
-        let try_metadata = publish::try_metadata(self.snapshot, ws, prefix);
+        let publication = Publication::of_attempt(self.snapshot, ws, prefix);
         let commit = lakefs
-            .commit(&ws.repository, &branch, "perago try", &try_metadata)
+            .commit(
+                &ws.repository,
+                &branch,
+                "perago try",
+                &publication.to_metadata(),
+            )
             .await
             .map_err(StageError::from)?
             .id;
@@ -449,7 +457,7 @@ impl Attempt<'_> {
         Ok(Some(Staged {
             branch,
             commit,
-            try_metadata,
+            publication,
         }))
     }
 
@@ -487,8 +495,15 @@ impl Attempt<'_> {
         staged: &Staged,
     ) -> Result<String, AttemptError> {
         let lakefs = &rt.lakefs;
-        let confirm =
-            publish::confirm_metadata(&staged.try_metadata, &staged.branch, &staged.commit, base);
+        let confirm = staged
+            .publication
+            .confirmed(Confirmation {
+                staging_branch: staged.branch.clone(),
+                staging_commit: staged.commit.clone(),
+                expected_head: base.base.clone(),
+                supersedes: base.supersedes.clone(),
+            })
+            .to_metadata();
         let deadline = Instant::now() + rt.limits.merge_timeout;
         let mut pauses = crate::retry::merge_refusals();
         loop {

@@ -1,6 +1,6 @@
-//! The sidecar's one retry policy: exponential backoff with jitter, so that pods failed by the
+//! The sidecar's retry policy: exponential backoff with jitter, so that pods failed by the
 //! same outage do not come back in step. Only calls that are safe to repeat use it; lakeFS
-//! commits and merges are never retried here (an unanswered one may have happened).
+//! calls are retried by `perago_lakefs::retries`, the same way.
 //!
 //! Jitter adds up to the delay again (`backon`: a delay `d` becomes one in `[d, 2d)`), so the
 //! bases below are about two thirds of the schedule they stand for.
@@ -15,12 +15,6 @@ fn policy(first: Duration, longest: Duration) -> ExponentialBuilder {
         .with_max_delay(longest)
         .with_factor(2.0)
         .with_jitter()
-}
-
-/// An idempotent lakeFS call, an upload, or a download that broke off: 3 more tries, the
-/// first after 130–260 ms.
-pub fn lakefs_call() -> ExponentialBuilder {
-    policy(Duration::from_millis(130), Duration::from_secs(2)).with_max_times(3)
 }
 
 /// Reporting a result to Conductor: 5 more tries over about 30 s.
@@ -86,6 +80,5 @@ mod tests {
         let a: Vec<Duration> = poll_failures(Duration::from_secs(120)).take(8).collect();
         let b: Vec<Duration> = poll_failures(Duration::from_secs(120)).take(8).collect();
         assert_ne!(a, b);
-        assert_eq!(lakefs_call().build().count(), 3);
     }
 }

@@ -15,8 +15,8 @@ use perago_e2e::lake::Lake;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, Services, shared};
-use perago_sidecar::lakefs::{Commit, LakeFsClient};
-use perago_sidecar::workspace::history;
+use perago_lakefs::{Commit, LakeFsClient};
+use perago_workspace::history;
 use serde_json::{Value, json};
 
 async fn services() -> &'static Services {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, shared};
-use perago_sidecar::lakefs::LakeFsClient;
+use perago_lakefs::LakeFsClient;
 use perago_sidecar::workspace::{download, guardrails, snapshot};
 use serde_json::json;
 

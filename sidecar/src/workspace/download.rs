@@ -15,9 +15,8 @@ use tokio::io::AsyncWriteExt;
 use perago_contract::paths::{PathError, listing_prefix, object_key_to_local};
 
 use crate::failure::FileError;
-use crate::lakefs::request_error;
-use crate::lakefs::{LakeFsClient, LakeFsError, ObjectEntry, REF_MAX};
-use crate::outcome::{QUOTED_MAX, clip};
+use perago_contract::text::{QUOTED_MAX, clip};
+use perago_lakefs::{LakeFsClient, LakeFsError, ObjectEntry, REF_MAX, request_error};
 
 /// Why the input ref could not be projected into the workspace.
 #[derive(Debug, thiserror::Error)]
@@ -269,7 +268,7 @@ impl Source<'_> {
     /// Fetch an object into `target`; a download that broke off is fetched again (3 more times,
     /// with the retry policy's backoff) from the start.
     async fn fetch(&self, entry: &ObjectEntry, target: &Path) -> Result<u64, DownloadError> {
-        let mut delays = crate::retry::lakefs_call().build();
+        let mut delays = perago_lakefs::retries().build();
         let mut retries = 0u32;
         loop {
             match self.fetch_once(entry, target).await {

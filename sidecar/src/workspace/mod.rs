@@ -1,12 +1,10 @@
-//! The workspace transaction's building blocks: the workspace reference of the input and
-//! output, the download (projection of a lakeFS commit), guardrails and change detection.
+//! The workspace transaction's building blocks: the download (projection of a lakeFS
+//! commit), guardrails, change detection, the publication, and the sidecar's watches (the
+//! staging sweep, the hard fence). What a publication is lives in `perago_workspace`.
 
-pub mod branch_pattern;
 pub mod download;
 pub mod guardrails;
 pub mod hard_fence;
-pub mod history;
-pub mod input;
 pub mod janitor;
 pub mod publish;
 pub mod snapshot;
@@ -16,7 +14,7 @@ use std::sync::Arc;
 
 use perago_contract::contract::ContractWorkspace;
 
-use crate::lakefs::LakeFsClient;
+use perago_lakefs::LakeFsClient;
 
 /// What a workspace task needs at run time, built once at start-up.
 pub struct WorkspaceRuntime {

@@ -1,74 +1,27 @@
-//! The try/confirm publication: staging branch names, the `perago.*` metadata, the publish
-//! fence (the seeds' metadata protocol), staging on the chosen base, and the squash merge.
+//! The try/confirm publication: the sweep of a step's leftover staging branches, the publish
+//! fence (which base the publication goes on), staging on that base, and the squash merge.
+//! What the branches are called and what the commits carry is `perago_workspace`'s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
 
 use perago_contract::paths::{PathError, listing_prefix, local_to_object_key};
 
-use crate::attempt::AttemptSnapshot;
-use crate::lakefs::{Commit, LakeFsClient, LakeFsError};
-use crate::outcome::{QUOTED_MAX, clip};
+use perago_contract::text::{QUOTED_MAX, clip};
+use perago_lakefs::{Commit, LakeFsClient, LakeFsError};
+use perago_workspace::attempt::AttemptSnapshot;
+use perago_workspace::history::confirm_of;
+use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::staging;
+
 use crate::workspace::download;
-use crate::workspace::input::WorkspaceRef;
 use crate::workspace::snapshot::{Kind, Snapshot};
 
 /// Longest first-parent range the fence classifies.
 pub const PUBLISH_RANGE: usize = 1024;
-
-/// `[A-Za-z0-9_-]` kept, other runs become `-`, `-`/`_` trimmed; long segments are cut and
-/// keep a hash of the whole, so names stay unique and within lakeFS's limits.
-fn branch_segment(text: &str) -> String {
-    let keep = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    let segment = crate::names::sanitized(text, keep, '-', ['-', '_'])
-        .unwrap_or_else(|| "unknown".to_owned());
-    const MAX: usize = 48;
-    if segment.len() <= MAX {
-        return segment;
-    }
-    let digest = Sha256::digest(text.as_bytes());
-    let short: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    format!("{}-{short}", &segment[..MAX - 9])
-}
-
-/// `perago-staging-<wf>-<ref>-seq-<seq>-iteration-<i>-task-id-<id>-retry-<n>-exec-<exec>`.
-pub fn staging_branch(a: &AttemptSnapshot, execution_id: &str) -> String {
-    format!(
-        "perago-staging-{}-{}-seq-{}-iteration-{}-task-id-{}-retry-{}-exec-{}",
-        branch_segment(&a.workflow_instance_id),
-        branch_segment(&a.reference_task_name),
-        a.seq,
-        a.iteration,
-        branch_segment(&a.task_id),
-        a.retry_count,
-        branch_segment(execution_id)
-    )
-}
-
-/// The start every staging branch of this workflow step shares, whatever the attempt.
-pub fn step_branch_prefix(a: &AttemptSnapshot) -> String {
-    format!(
-        "perago-staging-{}-{}-seq-",
-        branch_segment(&a.workflow_instance_id),
-        branch_segment(&a.reference_task_name)
-    )
-}
-
-/// Whether `name` is a staging branch of an attempt of this workflow step (any retry, any
-/// execution): the step's prefix, then `<seq>-iteration-<iteration>-task-id-`. A step whose
-/// reference name extends this one's (`build` and `build-seq`) does not match.
-pub fn is_step_branch(name: &str, a: &AttemptSnapshot) -> bool {
-    let Some(rest) = name.strip_prefix(&step_branch_prefix(a)) else {
-        return false;
-    };
-    let unsigned = rest.strip_prefix('-').unwrap_or(rest);
-    let digits = unsigned.bytes().take_while(u8::is_ascii_digit).count();
-    digits > 0 && unsigned[digits..].starts_with(&format!("-iteration-{}-task-id-", a.iteration))
-}
 
 /// Delete the staging branches earlier attempts of this step left behind (a crash between
 /// stage and cleanup), all but `ours`. Called whenever an attempt of the step completes: by
@@ -81,7 +34,7 @@ pub async fn sweep_step_branches(
     ours: Option<&str>,
 ) -> usize {
     let names = match client
-        .list_branches(repository, &step_branch_prefix(a))
+        .list_branches(repository, &staging::step_prefix(a))
         .await
     {
         Ok(n) => n,
@@ -93,7 +46,7 @@ pub async fn sweep_step_branches(
     let mut removed = 0;
     for name in names
         .iter()
-        .filter(|n| Some(n.as_str()) != ours && is_step_branch(n, a))
+        .filter(|n| Some(n.as_str()) != ours && staging::is_step_branch(n, a))
     {
         match client.delete_branch(repository, name).await {
             Ok(()) => {
@@ -106,53 +59,6 @@ pub async fn sweep_step_branches(
         }
     }
     removed
-}
-
-/// The try metadata; the confirm metadata adds the staging and fence facts.
-pub fn try_metadata(
-    a: &AttemptSnapshot,
-    ws: &WorkspaceRef,
-    prefix: &str,
-) -> BTreeMap<String, String> {
-    let mut m = BTreeMap::new();
-    let mut put = |k: &str, v: String| {
-        m.insert(format!("perago.{k}"), v);
-    };
-    put("phase", "try".into());
-    put("logical_task_key", a.logical_task_key());
-    put("workflow_instance_id", a.workflow_instance_id.clone());
-    put("task_def_name", a.task_def_name.clone());
-    put("reference_task_name", a.reference_task_name.clone());
-    put("seq", a.seq.to_string());
-    put("iteration", a.iteration.to_string());
-    put("input_ref", ws.reference.clone());
-    put("target_branch", ws.branch.clone());
-    put("prefix", prefix.to_owned());
-    put("task_id", a.task_id.clone());
-    put("retry_count", a.retry_count.to_string());
-    put(
-        "retried_task_id",
-        a.retried_task_id.clone().unwrap_or_default(),
-    );
-    m
-}
-
-pub fn confirm_metadata(
-    try_metadata: &BTreeMap<String, String>,
-    staging_branch: &str,
-    staging_commit: &str,
-    base: &PublishBase,
-) -> BTreeMap<String, String> {
-    let mut m = try_metadata.clone();
-    m.insert("perago.phase".into(), "confirm".into());
-    m.insert("perago.staging_branch".into(), staging_branch.into());
-    m.insert("perago.staging_commit".into(), staging_commit.into());
-    m.insert("perago.expected_head".into(), base.base.clone());
-    m.insert(
-        "perago.supersedes".into(),
-        base.supersedes.clone().unwrap_or_default(),
-    );
-    m
 }
 
 /// Where the publication goes on top of, as the fence chose it.
@@ -232,7 +138,7 @@ pub fn classify(
             });
         }
     };
-    let same_task = |c: &Commit| super::history::confirm_of(c) == Some(logical_key);
+    let same_task = |c: &Commit| confirm_of(c) == Some(logical_key);
     if range.first().is_some_and(|c| c.id == head) && range.iter().all(same_task) {
         Ok(PublishBase {
             base: head.to_owned(),
@@ -377,70 +283,13 @@ pub async fn apply(
 mod tests {
     use super::*;
     use crate::workspace::snapshot::Item;
-    use serde_json::json;
-
-    fn attempt(task_id: &str) -> AttemptSnapshot {
-        AttemptSnapshot::from_task(&json!({
-            "workflowInstanceId": "wf-7f3d", "taskId": task_id, "retryCount": 3, "taskDefName": "features.build",
-            "referenceTaskName": "build", "seq": 2, "status": "IN_PROGRESS", "inputData": {}
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn staging_names_follow_the_reference_and_stay_bounded() {
-        assert_eq!(
-            staging_branch(&attempt("task/9b4c"), "exec-1"),
-            "perago-staging-wf-7f3d-build-seq-2-iteration-0-task-id-task-9b4c-retry-3-exec-exec-1"
-        );
-        assert_eq!(branch_segment("///"), "unknown");
-        assert_eq!(branch_segment("___"), "unknown");
-        assert_eq!(branch_segment("exec/42"), "exec-42");
-        assert!(
-            staging_branch(&attempt("t"), "e").starts_with(&step_branch_prefix(&attempt("other")))
-        );
-        assert!(is_step_branch(
-            &staging_branch(&attempt("t"), "e"),
-            &attempt("other")
-        ));
-        let long = "x".repeat(300);
-        let a = branch_segment(&long);
-        let b = branch_segment(&format!("{long}y"));
-        assert_eq!(a.len(), 48);
-        assert_ne!(a, b, "cut segments keep a hash of the whole");
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        );
-    }
-
-    #[test]
-    fn the_sweep_matches_only_this_steps_branches() {
-        let a = attempt("t1");
-        let other_step = |reference: &str, iteration: u32| {
-            AttemptSnapshot::from_task(&json!({
-                "workflowInstanceId": "wf-7f3d", "taskId": "x", "retryCount": 0, "taskDefName": "features.build",
-                "referenceTaskName": reference, "seq": 9, "iteration": iteration, "status": "IN_PROGRESS", "inputData": {}
-            }))
-            .unwrap()
-        };
-        for (name, ours) in [
-            (staging_branch(&attempt("t0"), "e0"), true),
-            (staging_branch(&other_step("build", 0), "e1"), true),
-            (staging_branch(&other_step("build-seq", 0), "e2"), false),
-            (staging_branch(&other_step("build", 1), "e3"), false),
-            (staging_branch(&other_step("build2", 0), "e4"), false),
-            ("perago-staging-wf-7f3d-build-seq-x".to_owned(), false),
-        ] {
-            assert_eq!(is_step_branch(&name, &a), ours, "{name}");
-        }
-    }
+    use perago_workspace::publication::Key;
 
     fn commit(id: &str, phase: &str, key: &str) -> Commit {
         let mut metadata = BTreeMap::new();
         if !phase.is_empty() {
-            metadata.insert("perago.phase".to_owned(), phase.to_owned());
-            metadata.insert("perago.logical_task_key".to_owned(), key.to_owned());
+            metadata.insert(Key::Phase.wire().to_owned(), phase.to_owned());
+            metadata.insert(Key::LogicalTaskKey.wire().to_owned(), key.to_owned());
         }
         Commit {
             id: id.into(),
@@ -564,57 +413,6 @@ mod tests {
         assert_eq!(
             plan(&link, &base, "data").unwrap_err().to_string(),
             "workspace publication does not support symlinks: l"
-        );
-    }
-
-    #[test]
-    fn metadata_carries_every_key() {
-        let a = attempt("t1");
-        let ws = WorkspaceRef::parse(
-            &json!({"repository": "r", "branch": "main", "refType": "commit", "ref": "A"}),
-        )
-        .unwrap();
-        let t = try_metadata(&a, &ws, "data");
-        let c = confirm_metadata(
-            &t,
-            "perago-staging-x",
-            "S",
-            &PublishBase {
-                base: "A".into(),
-                supersedes: None,
-            },
-        );
-        let keys: Vec<&str> = c.keys().map(String::as_str).collect();
-        assert_eq!(
-            keys,
-            [
-                "perago.expected_head",
-                "perago.input_ref",
-                "perago.iteration",
-                "perago.logical_task_key",
-                "perago.phase",
-                "perago.prefix",
-                "perago.reference_task_name",
-                "perago.retried_task_id",
-                "perago.retry_count",
-                "perago.seq",
-                "perago.staging_branch",
-                "perago.staging_commit",
-                "perago.supersedes",
-                "perago.target_branch",
-                "perago.task_def_name",
-                "perago.task_id",
-                "perago.workflow_instance_id"
-            ]
-        );
-        assert_eq!(
-            (c["perago.phase"].as_str(), t["perago.phase"].as_str()),
-            ("confirm", "try")
-        );
-        assert_eq!(c["perago.supersedes"], "");
-        assert_eq!(
-            c["perago.logical_task_key"],
-            "wf-7f3d:build:0:features.build"
         );
     }
 }

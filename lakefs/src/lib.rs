@@ -18,7 +18,10 @@ use backon::Retryable;
 
 use perago_contract::url::path_segment as segment;
 
-use crate::outcome::clip;
+use perago_contract::text::{QUOTED_MAX, clip, clip_path};
+
+mod retry;
+pub use retry::idempotent_call as retries;
 
 /// Longest ref (commit id or branch name) an error quotes in full; a commit id (64
 /// characters) always fits, long branch names keep their start and end.
@@ -272,7 +275,7 @@ impl LakeFsClient {
         build: impl Fn() -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, LakeFsError> {
         (|| self.once(call, build()))
-            .retry(crate::retry::lakefs_call())
+            .retry(retries())
             .when(LakeFsError::transient)
             .await
     }
@@ -460,7 +463,7 @@ impl LakeFsClient {
                     repository: repository.to_owned(),
                     reference: quoted_ref(branch),
                     timeout: false,
-                    detail: format!("reading {}: {e}", crate::outcome::clip_path(file)),
+                    detail: format!("reading {}: {e}", clip_path(file)),
                 })
             })?;
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
@@ -475,7 +478,7 @@ impl LakeFsClient {
                 .body(body);
             self.once(call, request).await.map_err(Upload::Refused)
         })
-        .retry(crate::retry::lakefs_call())
+        .retry(retries())
         .when(|e| matches!(e, Upload::Refused(e) if e.transient()))
         .await;
         match sent {
@@ -683,7 +686,7 @@ impl<T> Page<T> {
         } else if next == after {
             format!(
                 "the page has more results but its next_offset is the offset it was listed after ('{}')",
-                clip(after, crate::outcome::QUOTED_MAX)
+                clip(after, QUOTED_MAX)
             )
         } else {
             return Ok((self.results, Some(next)));
@@ -749,7 +752,7 @@ pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<
         first.get("message").and_then(Value::as_str).unwrap_or(""),
         clip(
             first.get("path").and_then(Value::as_str).unwrap_or("?"),
-            crate::outcome::QUOTED_MAX
+            QUOTED_MAX
         )
     );
     Err(Call::new("delete objects", repository, branch).refused(status, message))
@@ -758,7 +761,7 @@ pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<
 /// A failed HTTP request's text with its whole cause chain but without the request URL
 /// (reqwest puts the URL, query included, before the cause; in a reason cut to
 /// `PERAGO_FAILURE_REASON_MAX_LENGTH` the cause would be lost). Callers name the call instead.
-pub(crate) fn request_error(e: reqwest::Error) -> String {
+pub fn request_error(e: reqwest::Error) -> String {
     perago_contract::error_chain(&e.without_url())
 }
 

@@ -6,22 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::lakefs::Commit;
+use perago_lakefs::Commit;
 
-/// Metadata every confirm commit carries (without the `perago.` prefix).
-const REQUIRED: [&str; 11] = [
-    "logical_task_key",
-    "workflow_instance_id",
-    "task_id",
-    "retry_count",
-    "input_ref",
-    "target_branch",
-    "prefix",
-    "staging_branch",
-    "staging_commit",
-    "expected_head",
-    "supersedes",
-];
+use crate::publication::{Key, Phase};
 
 /// One explained commit, newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +73,8 @@ impl Report {
 /// The logical task whose confirm commit `commit` is, if it is one. The publish fence and the
 /// history checker both classify commits by this.
 pub fn confirm_of(commit: &Commit) -> Option<&str> {
-    let meta = |key: &str| commit.metadata.get(key).map(String::as_str);
-    (meta("perago.phase") == Some("confirm")).then(|| meta("perago.logical_task_key").unwrap_or(""))
+    (Phase::of(&commit.metadata) == Some(Phase::Confirm))
+        .then(|| Key::LogicalTaskKey.get(&commit.metadata).unwrap_or(""))
 }
 
 /// Explain one commit of a first-parent history given the commit below it (`None` when the
@@ -105,13 +92,11 @@ pub fn examine(commit: &Commit, below: Option<&Commit>) -> (Entry, Vec<String>) 
     let Some(key) = confirm_of(commit) else {
         return (Entry::Foreign { id: id.clone() }, problems);
     };
-    let meta = |key: &str| commit.metadata.get(&format!("perago.{key}"));
-    let missing: Vec<&str> = REQUIRED
-        .iter()
-        .copied()
-        .filter(|k| {
-            meta(k).is_none() || (*k != "supersedes" && meta(k).is_some_and(String::is_empty))
-        })
+    let meta = |key: Key| key.get(&commit.metadata);
+    let missing: Vec<&str> = Key::CONFIRM
+        .into_iter()
+        .filter(|k| meta(*k).is_none() || (*k != Key::Supersedes && meta(*k) == Some("")))
+        .map(Key::name)
         .collect();
     if !missing.is_empty() {
         problems.push(format!(
@@ -119,13 +104,15 @@ pub fn examine(commit: &Commit, below: Option<&Commit>) -> (Entry, Vec<String>) 
             missing.join(", ")
         ));
     }
-    if meta("expected_head").map(String::as_str) != Some(parent) {
+    if meta(Key::ExpectedHead) != Some(parent) {
         problems.push(format!(
             "{id}: expected_head {:?} is not its first parent {parent}",
-            meta("expected_head")
+            meta(Key::ExpectedHead)
         ));
     }
-    let supersedes = meta("supersedes").filter(|s| !s.is_empty()).cloned();
+    let supersedes = meta(Key::Supersedes)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
     if let Some(s) = &supersedes {
         if s != parent {
             problems.push(format!(
@@ -142,7 +129,7 @@ pub fn examine(commit: &Commit, below: Option<&Commit>) -> (Entry, Vec<String>) 
     let entry = Entry::Confirm {
         id: id.clone(),
         logical_task_key: key.to_owned(),
-        task_id: meta("task_id").cloned().unwrap_or_default(),
+        task_id: meta(Key::TaskId).unwrap_or_default().to_owned(),
         supersedes,
     };
     (entry, problems)
@@ -193,7 +180,7 @@ mod tests {
     }
 
     fn confirm(id: &str, parent: &str, key: &str, supersedes: &str) -> Commit {
-        let mut meta: Vec<(&str, &str)> = REQUIRED.iter().map(|k| (*k, "x")).collect();
+        let mut meta: Vec<(&str, &str)> = Key::CONFIRM.iter().map(|k| (k.name(), "x")).collect();
         meta.retain(|(k, _)| !matches!(*k, "logical_task_key" | "expected_head" | "supersedes"));
         meta.extend([
             ("phase", "confirm"),

@@ -5,7 +5,12 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::input::InputError;
+/// A `workspace` value that is not one: every problem, each naming its field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid workspace: {}", .problems.join("; "))]
+pub struct InvalidWorkspace {
+    pub problems: Vec<String>,
+}
 
 const BLANK: &str = "workspace repository, branch, and ref must not be blank";
 const FIELDS: [&str; 4] = ["repository", "branch", "refType", "ref"];
@@ -22,11 +27,8 @@ pub struct WorkspaceRef {
 
 impl WorkspaceRef {
     /// Check a `workspace` input value; the error names every problem with its field.
-    pub fn parse(value: &Value) -> Result<Self, InputError> {
-        let invalid = |problems| InputError::Invalid {
-            what: "workspace",
-            problems,
-        };
+    pub fn parse(value: &Value) -> Result<Self, InvalidWorkspace> {
+        let invalid = |problems| InvalidWorkspace { problems };
         let Some(map) = value.as_object() else {
             return Err(invalid(vec![
                 "workspace: Input should be a valid dictionary".into(),
