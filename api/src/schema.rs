@@ -78,6 +78,7 @@ pub fn transform(
 
 /// Check a schema can be transformed and that the result (the contract's form) compiles as
 /// the sidecar compiles it, without keeping it.
+#[cfg(feature = "schema-check")]
 pub fn check(schema: &Map<String, Value>) -> Result<(), SchemaError> {
     let strict = Value::Object(transform(schema, false)?);
     jsonschema::validator_for(&strict)
@@ -236,6 +237,7 @@ mod tests {
     /// no JSON Schema passed validation, and the sidecar then refused the task's contract at
     /// start (so it never ran).
     #[test]
+    #[cfg(feature = "schema-check")]
     fn schemas_that_are_no_json_schema_are_refused() {
         for (schema, at) in [
             (

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use crate::paths::{self, PathError};
+#[cfg(feature = "schema-check")]
 use crate::schema;
 use crate::task::{ApplicationMetric, Guardrail, GuardrailKind, PeragoTaskSpec};
 
@@ -71,10 +72,13 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
         check_guardrails(&ws.post, "spec.workspace.post")?;
     }
     check_controls(spec)?;
-    schema::check(&spec.params_schema)
-        .map_err(|e| FieldError::new("spec.paramsSchema", e.to_string()))?;
-    schema::check(&spec.result_schema)
-        .map_err(|e| FieldError::new("spec.resultSchema", e.to_string()))?;
+    #[cfg(feature = "schema-check")]
+    {
+        schema::check(&spec.params_schema)
+            .map_err(|e| FieldError::new("spec.paramsSchema", e.to_string()))?;
+        schema::check(&spec.result_schema)
+            .map_err(|e| FieldError::new("spec.resultSchema", e.to_string()))?;
+    }
     if let Some(metrics) = &spec.metrics {
         check_application_metrics(&metrics.application)?;
     }
