@@ -1040,10 +1040,13 @@ async fn race(hard: bool) -> Race {
         ));
     }
     let name = if hard { "race-hard" } else { "race-soft" };
+    // Timeouts are not what this measures: 30 s of lease, so that a machine busy with other
+    // suites does not time an attempt out mid-run.
     let rig = Rig::with(
         &format!("faults.{name}"),
         Setup {
             retries: 0,
+            response_seconds: 30,
             seed,
             ..Setup::default()
         },
