@@ -169,10 +169,11 @@ fn work_mount() -> VolumeMount {
 }
 
 /// Shutdown grace of the sidecar and the pod's termination grace period (seconds). The
-/// publish budget's `workerShutdownGraceSeconds` when the task declares one (the seeds' knob);
-/// else the attempt's hard cap `controls.timeout.seconds`, publication included, so that an
-/// attempt that has just started can still finish when its pod is told to stop; 30 s when
-/// neither is set. The pod gets 15 s more so the sidecar can report the last attempt.
+/// publish budget's `workerShutdownGraceSeconds` when the task declares one (the budget
+/// measured on the task's lakeFS, docs/design.md#what-is-not-promised); else the attempt's
+/// hard cap `controls.timeout.seconds`, publication included, so that an attempt that has
+/// just started can still finish when its pod is told to stop; 30 s when neither is set. The
+/// pod gets 15 s more so the sidecar can report the last attempt.
 pub fn grace_seconds(spec: &PeragoTaskSpec, contract: &TaskContract) -> (i64, i64) {
     let grace = match (&contract.publish_budget, spec.controls.timeout.seconds) {
         (Some(budget), _) => budget.worker_shutdown_grace_seconds,

@@ -1,4 +1,4 @@
-//! `kubectl perago`: the seeds' recovery steps as commands. `history` classifies a branch's
+//! `kubectl perago`: the recovery steps of docs/design.md as commands. `history` classifies a branch's
 //! first-parent history with the same rules as the publish fence; `explain` says what became
 //! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
 //! attempts that can no longer publish; `install-fence` commits the hard fence on a branch.

@@ -1,4 +1,5 @@
-//! Why an attempt did not complete: one variant per row of the seeds' failure table.
+//! Why an attempt did not complete: one variant per row of the failure table
+//! (docs/design.md#failures).
 //!
 //! `Display` is the reason Conductor receives (the reference's texts, byte for byte);
 //! [`AttemptError::terminal`] is the one place that chooses FAILED_WITH_TERMINAL_ERROR over
@@ -8,11 +9,11 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::input::InputError;
 use perago_contract::text::clip_path;
 use perago_lakefs::LakeFsError;
 use perago_workspace::attempt::SnapshotError;
 
+use crate::input::InputError;
 use crate::outcome::Outcome;
 use crate::workspace::download::DownloadError;
 use crate::workspace::guardrails::GuardrailError;

@@ -1,5 +1,5 @@
-//! One attempt, in the seeds' order: [`Attempt::run`] and [`Attempt::transaction`] are the
-//! whole of it, and each step is a short method below them.
+//! One attempt, in the order of docs/design.md#the-attempt-in-order: [`Attempt::run`] and
+//! [`Attempt::transaction`] are the whole of it, and each step is a short method below them.
 //!
 //! accept input → execution directory → download → pre guardrails → snapshot → body →
 //! result → post guardrails → (read-only exit) → change detection → attempt fence → publish
@@ -357,8 +357,8 @@ impl Attempt<'_> {
     }
 
     /// The attempt fence: a fresh read of the task must show it still ours and running.
-    /// Stricter than the seeds by the worker id and poll count (Conductor can lease one task
-    /// id twice).
+    /// Also compares the worker id and poll count (Conductor can lease one task id twice;
+    /// docs/design.md#attempt-fence).
     async fn attempt_fence(&self) -> Result<(), AttemptError> {
         let polled = self.snapshot;
         let unreadable = |cause: String| AttemptError::FenceUnreadable {
@@ -548,7 +548,7 @@ impl Attempt<'_> {
     }
 }
 
-/// Cleanup (the seeds' Cancel): a failure is logged and never changes the outcome.
+/// Cleanup (the cancel phase, docs/design.md#phases): a failure is logged and never changes the outcome.
 async fn remove_staging_branch(rt: &WorkspaceRuntime, repository: &str, branch: &str) {
     if let Err(e) = rt.lakefs.delete_branch(repository, branch).await {
         warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace");

@@ -4,7 +4,7 @@
 //!
 //! What Python 0.6.1 does, read from its source and checked here against the servers: its
 //! merge commits carry no `perago.*` metadata (lakeFS's own `.lakefs.merge.strategy` only), and
-//! its fence is not the seeds' metadata protocol: with the head one commit past the input ref
+//! its fence is not the publish fence of docs/design.md: with the head one commit past the input ref
 //! it hard-resets the branch onto its staging commit (`perago try`, no metadata), whoever made
 //! that commit, unless the branch is protected (lakeFS refuses the reset); with the head
 //! further ahead it fails. This project's fence can classify none of Python's commits, so it

@@ -17,7 +17,7 @@ pub struct AttemptSnapshot {
     pub input_data: Map<String, Value>,
     pub retried_task_id: Option<String>,
     pub response_timeout_seconds: Option<i64>,
-    /// Not part of the seeds' snapshot: used to harden the attempt fence.
+    /// Beyond what the attempt fence must compare: used to harden it (docs/design.md#attempt-fence).
     pub worker_id: Option<String>,
     pub poll_count: Option<i64>,
 }

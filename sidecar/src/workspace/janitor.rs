@@ -12,9 +12,9 @@ use perago_conductor::ConductorClient;
 use perago_lakefs::LakeFsClient;
 use perago_workspace::janitor::judge;
 
-/// Every `period`, judge the staging branches of the
-/// repositories its attempts have written to since it started, and remove those of its own
-/// task type whose attempt can no longer publish.
+/// Every `period`, judge the staging branches of the repositories this sidecar's attempts
+/// have written to since it started, and remove those of its own task type whose attempt can
+/// no longer publish.
 pub struct StagingSweep {
     task_type: String,
     period: Duration,

@@ -300,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fence_accepts_only_the_seeds_states() {
+    fn the_fence_accepts_only_the_two_designed_states() {
         let k = "wf:build:0:features.build";
         assert_eq!(
             classify("main", "A", "A", &[], false, k).unwrap(),
