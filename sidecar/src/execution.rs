@@ -94,34 +94,19 @@ impl ExecutionDir {
     }
 }
 
+/// Now in UTC to the second, as Python's `isoformat()` writes an aware UTC time (the marker's
+/// readers compare Python Perago's and this sidecar's markers as text).
 fn now_rfc3339() -> String {
-    // Seconds precision is enough for the marker; avoid a time crate for one timestamp.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    let days = now / 86_400;
-    let rem = now % 86_400;
-    let (y, m, d) = civil_from_days(i64::try_from(days).unwrap_or(0));
+    let now = time::OffsetDateTime::now_utc();
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}+00:00",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second()
     )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date.
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 /// What an execution needs besides the snapshot.
@@ -459,10 +444,13 @@ mod tests {
     }
 
     #[test]
-    fn dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    fn the_marker_time_is_written_as_python_writes_it() {
+        let now = now_rfc3339();
+        assert_eq!(now.len(), "2026-11-29T08:05:09+00:00".len(), "{now}");
+        assert!(
+            now.ends_with("+00:00") && now.as_bytes()[10] == b'T',
+            "{now}"
+        );
     }
 
     #[test]
