@@ -34,10 +34,11 @@ bench: obtain release-binaries
 	$(CARGO) bench -p perago-e2e --bench scaling --bench operator
 
 ## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
-## once against the real servers; the figures mean nothing.
+## once against the real servers; the figures mean nothing. `--workspace` resolves features
+## as `make test` does, so only the benchmarks themselves compile after it.
 bench-quick: obtain release-binaries
-	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 $(CARGO) bench --profile dev -p perago-sidecar --bench runtime --bench workspace
-	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev -p perago-e2e --bench scaling --bench operator
+	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace
+	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev --workspace --bench scaling --bench operator
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
 ## print executions and crashes per target (nightly, cargo-fuzz; see docs/fuzzing.md).

@@ -35,7 +35,9 @@ pub struct Conductor {
     /// API base URL including `/api`.
     pub api_url: String,
     pub version: String,
+    // Dropped in this order: the server stops before its database goes.
     _process: ServerProcess,
+    _database: Option<tempfile::TempDir>,
 }
 
 /// The Java runtime for Conductor 3.32 (Java 21 bytecode): `PERAGO_JAVA`, else a JDK 21+
@@ -75,8 +77,10 @@ impl Conductor {
                 ]
             })
             .unwrap_or_default();
+        let database = database_in_memory()?;
+        let database_dir = database.as_ref().map_or(dir, |d| d.path());
         let port = free_port()?;
-        let mut cmd = conductor_command(&java, &jar, dir, host, port, &options)?;
+        let mut cmd = conductor_command(&java, &jar, dir, database_dir, host, port, &options)?;
         let base = format!("http://{host}:{port}");
         let (process, took) = spawn_healthy("conductor", &mut cmd, dir, &base).await?;
         let client = http_client();
@@ -92,16 +96,37 @@ impl Conductor {
             api_url: format!("{base}/api"),
             version,
             _process: process,
+            _database: database,
         })
     }
 }
 
-/// The command of a Conductor server with its state in `dir`, listening on `host:port`;
-/// `jvm_options` go before `-jar`.
+/// A directory in memory (tmpfs) for Conductor's SQLite database, when the machine has
+/// /dev/shm and the run's files are not kept (`PERAGO_E2E_KEEP`). SQLite syncs every commit,
+/// and on a disk that the node's suites keep busy (containerd unpacking images, etcd) one
+/// sync can outlast a task's 10 s response timeout; the harness's Conductor is thrown away
+/// with its run, so its durability buys nothing. Removed on drop, or by the janitor once this
+/// process is gone (servers shared by a test binary are never dropped).
+fn database_in_memory() -> Result<Option<tempfile::TempDir>> {
+    let shm = Path::new("/dev/shm");
+    if std::env::var_os("PERAGO_E2E_KEEP").is_some() || !shm.is_dir() {
+        return Ok(None);
+    }
+    let database = tempfile::Builder::new()
+        .prefix("perago-e2e-conductor-")
+        .tempdir_in(shm)
+        .context("making Conductor's database directory in /dev/shm")?;
+    crate::process::remove_after_exit(database.path())?;
+    Ok(Some(database))
+}
+
+/// The command of a Conductor server with its files in `dir` and its SQLite database in
+/// `database_dir`, listening on `host:port`; `jvm_options` go before `-jar`.
 fn conductor_command(
     java: &Path,
     jar: &Path,
     dir: &Path,
+    database_dir: &Path,
     host: IpAddr,
     port: u16,
     jvm_options: &[String],
@@ -126,7 +151,7 @@ fn conductor_command(
         .arg(format!("--server.address={host}"))
         .arg(format!(
             "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
-            dir.join("conductor.db").display()
+            database_dir.join("conductor.db").display()
         ))
         .args([
             "--conductor.db.type=sqlite",
@@ -214,7 +239,7 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
         "-XX:+VerifySharedSpaces".to_owned(),
         format!("-XX:ArchiveClassesAtExit={}", partial.display()),
     ];
-    let mut cmd = conductor_command(java, jar, dir, host, port, &options)?;
+    let mut cmd = conductor_command(java, jar, dir, dir, host, port, &options)?;
     // The archive is written as the JVM exits: give it time to after the SIGTERM.
     cmd.env("PERAGO_WATCHDOG_GRACE_SECONDS", "120");
     let base = format!("http://{host}:{port}");
