@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
-use perago_e2e::process::{obtain, stdout_of};
+use perago_e2e::process::{bin_dir, obtain, stdout_of};
 
 /// What a node changes on the machine, as a comparable snapshot.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,7 +111,8 @@ fn a_killed_owner_leaves_nothing_of_the_node_behind() {
         return;
     }
     // The machine as no node left it: taken while holding the node lock, so that no other
-    // run's node is half up or half cleaned meanwhile.
+    // run's node is half up or half cleaned meanwhile, and after sweeping what a node whose
+    // janitor never ran left behind (the node started below sweeps it too).
     let lock = std::fs::File::options()
         .create(true)
         .truncate(false)
@@ -120,6 +121,11 @@ fn a_killed_owner_leaves_nothing_of_the_node_behind() {
         .unwrap();
     let free = wait_for(Duration::from_secs(600), || lock.try_lock().ok());
     assert!(free.is_some(), "another node held the lock for 10 minutes");
+    let swept = Command::new(bin_dir().join("node-janitor"))
+        .arg("--sweep")
+        .status()
+        .unwrap();
+    assert!(swept.success(), "node-janitor --sweep: {swept}");
     let before = machine_state();
     lock.unlock().unwrap();
     let support::Up {
