@@ -4,6 +4,7 @@
 
 mod client;
 mod error;
+pub mod flags;
 mod workflow;
 
 pub use client::{CallObserver, CallOutcome, ConductorClient, answer, http_client, polled_tasks};

@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod errors;
 pub mod paths;
 pub mod protocol;
+pub mod setting;
 pub mod spec;
 pub mod text;
 pub mod url;

@@ -20,6 +20,7 @@ use perago_contract::url::path_segment as segment;
 
 use perago_contract::text::{QUOTED_MAX, clip, clip_path};
 
+pub mod flags;
 mod retry;
 pub use retry::idempotent_call as retries;
 
@@ -45,13 +46,19 @@ pub enum LakeFsError {
         status: StatusCode,
         message: String,
     },
-    #[error("lakeFS {call} on {repository}@{reference} failed: {detail}")]
+    /// No answer: the request could not be sent (`sent: false`, nothing reached lakeFS), or
+    /// it was sent and the answer never came (a timeout, a lost connection).
+    #[error(
+        "lakeFS {call} on {repository}@{reference} {}: {detail}",
+        if *.sent { FAILED } else { NOT_SENT }
+    )]
     Transport {
         call: &'static str,
         repository: String,
         reference: String,
         detail: String,
         timeout: bool,
+        sent: bool,
     },
     #[error("lakeFS {call} on {repository}@{reference} returned an unreadable answer: {detail}")]
     Decode {
@@ -85,6 +92,8 @@ impl<'a> Call<'a> {
             repository: self.repository.to_owned(),
             reference: quoted_ref(self.reference),
             timeout: e.is_timeout(),
+            // No connection, so no request: lakeFS cannot have acted on it.
+            sent: !(e.is_connect() || e.is_builder()),
             detail: request_error(e),
         }
     }
@@ -148,9 +157,79 @@ impl LakeFsError {
         }
     }
 
-    /// A merge that timed out or lost its connection may still have happened.
-    pub fn outcome_uncertain(&self) -> bool {
-        matches!(self, Self::Transport { .. })
+    /// What this error says of a merge's effect on its destination (the merge is never
+    /// retried after an answer that leaves it open).
+    pub fn merge_outcome(&self) -> MergeOutcome {
+        match self {
+            Self::Transport { sent: false, .. } => MergeOutcome::NotApplied,
+            Self::Transport { sent: true, .. } => MergeOutcome::Unknown,
+            Self::Status {
+                status, message, ..
+            } => MergeOutcome::of_status(*status, message),
+            // Only a successful answer is decoded: lakeFS merged.
+            Self::Decode { .. } => MergeOutcome::Applied,
+        }
+    }
+}
+
+/// The words between a failed call's ref and its cause, by what came back (the `Display` of
+/// [`LakeFsError`]; [`MergeOutcome::of_reason`] reads them back).
+const FAILED: &str = "failed";
+const NOT_SENT: &str = "could not be sent";
+const UNREADABLE: &str = "returned an unreadable answer";
+
+/// What a failed merge did to its destination branch, decided from whether the request was
+/// sent and what came back. The sidecar's failure metric, its warning and `kubectl perago
+/// explain` all read it from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// Never sent, or refused: a 4xx, or lakeFS's 500 for a branch locked by another merge.
+    NotApplied,
+    /// Sent and not answered (a timeout, a lost connection), or a 5xx that a server or a
+    /// gateway in front of it may send after lakeFS acted: only the branch can tell.
+    Unknown,
+    /// lakeFS answered that it merged, but the answer could not be read (no `reference`).
+    Applied,
+}
+
+impl MergeOutcome {
+    fn of_status(status: StatusCode, message: &str) -> Self {
+        let locked = status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked");
+        if status.is_server_error() && !locked {
+            Self::Unknown
+        } else {
+            Self::NotApplied
+        }
+    }
+
+    /// The merge may have landed: only the branch's history can tell.
+    pub fn may_have_landed(self) -> bool {
+        self != Self::NotApplied
+    }
+
+    /// The outcome a failure reason names, when it is a merge's [`LakeFsError`] as the sidecar
+    /// reports it; `None` for any other reason.
+    pub fn of_reason(reason: &str) -> Option<Self> {
+        let rest = reason.trim().strip_prefix("lakeFS merge on ")?;
+        // Repository and branch names hold no spaces: the first of these words is the split.
+        let (at, words) = [FAILED, NOT_SENT, UNREADABLE]
+            .into_iter()
+            .filter_map(|w| rest.find(&format!(" {w}: ")).map(|at| (at, w)))
+            .min()?;
+        let cause = &rest[at + words.len() + 3..];
+        Some(match words {
+            NOT_SENT => Self::NotApplied,
+            UNREADABLE => Self::Applied,
+            _ => match cause.strip_prefix("HTTP ") {
+                Some(answer) => {
+                    let code = answer.get(..3).and_then(|c| c.parse::<u16>().ok())?;
+                    let status = StatusCode::from_u16(code).ok()?;
+                    let message = answer.split_once(": ").map_or("", |(_, m)| m);
+                    Self::of_status(status, message)
+                }
+                None => Self::Unknown,
+            },
+        })
     }
 }
 
@@ -463,6 +542,7 @@ impl LakeFsClient {
                     repository: repository.to_owned(),
                     reference: quoted_ref(branch),
                     timeout: false,
+                    sent: false,
                     detail: format!("reading {}: {e}", clip_path(file)),
                 })
             })?;
@@ -803,14 +883,18 @@ mod tests {
             .list_objects("repo", &long_ref, &prefix)
             .await
             .unwrap_err();
-        assert!(err.outcome_uncertain());
+        // Nothing listens: no request went out.
+        assert_eq!(err.merge_outcome(), MergeOutcome::NotApplied);
         let text = err.to_string();
         assert!(
             text.starts_with("lakeFS list objects on repo@perago-staging-bbb"),
             "{text}"
         );
         assert!(text.contains("b…b"), "the long ref is shortened: {text}");
-        assert!(text.contains("b failed: error sending request"), "{text}");
+        assert!(
+            text.contains("b could not be sent: error sending request"),
+            "{text}"
+        );
         assert!(
             text.ends_with("Connection refused (os error 111)"),
             "{text}"
@@ -912,5 +996,84 @@ mod tests {
             status(404, "branch not found").to_string(),
             "lakeFS c on r@b failed: HTTP 404 Not Found: branch not found"
         );
+    }
+
+    /// Every merge error the client makes, formatted as the sidecar reports it and read back
+    /// as explain reads it, gives the outcome the error itself names.
+    #[test]
+    fn merge_outcomes_survive_their_reason_text() {
+        let status = |s: u16, m: &str| LakeFsError::Status {
+            call: "merge",
+            repository: "lake".into(),
+            reference: "main".into(),
+            status: StatusCode::from_u16(s).unwrap(),
+            message: m.into(),
+        };
+        let transport = |sent: bool, detail: &str| LakeFsError::Transport {
+            call: "merge",
+            repository: "lake".into(),
+            reference: "main".into(),
+            detail: detail.into(),
+            timeout: detail.contains("timed out"),
+            sent,
+        };
+        let cases = [
+            (
+                transport(
+                    false,
+                    "error sending request: tcp connect error: Connection refused",
+                ),
+                MergeOutcome::NotApplied,
+            ),
+            (
+                transport(true, "error sending request: operation timed out"),
+                MergeOutcome::Unknown,
+            ),
+            (
+                transport(
+                    true,
+                    "connection closed before message completed; HTTP 500 failed: x",
+                ),
+                MergeOutcome::Unknown,
+            ),
+            (status(409, "conflict found"), MergeOutcome::NotApplied),
+            (
+                status(
+                    412,
+                    "pre-merge hook aborted: perago hard fence: main is at H, expected E",
+                ),
+                MergeOutcome::NotApplied,
+            ),
+            (status(423, "locked"), MergeOutcome::NotApplied),
+            (status(429, ""), MergeOutcome::NotApplied),
+            (
+                status(500, "branch is currently locked, try again later"),
+                MergeOutcome::NotApplied,
+            ),
+            (status(500, "internal error"), MergeOutcome::Unknown),
+            (status(502, "bad gateway"), MergeOutcome::Unknown),
+            (status(503, ""), MergeOutcome::Unknown),
+            (
+                merge_reference("lake", "main", &json!({})).unwrap_err(),
+                MergeOutcome::Applied,
+            ),
+        ];
+        for (error, outcome) in cases {
+            assert_eq!(error.merge_outcome(), outcome, "{error}");
+            assert_eq!(
+                MergeOutcome::of_reason(&error.to_string()),
+                Some(outcome),
+                "{error}"
+            );
+        }
+        assert!(!MergeOutcome::NotApplied.may_have_landed());
+        assert!(MergeOutcome::Unknown.may_have_landed() && MergeOutcome::Applied.may_have_landed());
+        for other in [
+            "lakeFS commit on lake@perago-staging-x failed: error sending request: timed out",
+            "main advanced from A to H",
+            "lakeFS merge on lake@main",
+        ] {
+            assert_eq!(MergeOutcome::of_reason(other), None, "{other}");
+        }
     }
 }

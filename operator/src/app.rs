@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{cli, conductor, controller, reference, render, scaling, telemetry, webhook};
+use perago_conductor::flags::ConductorAuthFlags;
+
+use crate::{cli, conductor, context, controller, reference, render, telemetry, webhook};
 
 #[derive(Parser)]
 #[command(
@@ -59,7 +61,7 @@ pub enum Command {
         #[command(flatten)]
         process: ProcessArgs,
         #[command(flatten)]
-        auth: ConductorAuthArgs,
+        auth: ConductorAuthFlags,
         #[command(flatten)]
         webhook: WebhookArgs,
     },
@@ -178,31 +180,6 @@ fn start_webhook(
     });
 }
 
-/// The operator's own Orkes application key for its Conductor calls (OSS needs none). Pods
-/// get theirs from the Secret the task or `--conductor-credentials-secret` names.
-#[derive(clap::Args)]
-pub struct ConductorAuthArgs {
-    #[arg(long, env = "CONDUCTOR_AUTH_KEY", hide_env_values = true)]
-    conductor_auth_key: Option<String>,
-    #[arg(long, env = "CONDUCTOR_AUTH_SECRET", hide_env_values = true)]
-    conductor_auth_secret: Option<String>,
-}
-
-impl ConductorAuthArgs {
-    fn credentials(self) -> Result<Option<conductor::Credentials>, String> {
-        match (self.conductor_auth_key, self.conductor_auth_secret) {
-            (None, None) => Ok(None),
-            (Some(key), Some(secret)) if !key.is_empty() && !secret.is_empty() => {
-                Ok(Some(conductor::Credentials { key, secret }))
-            }
-            _ => Err(
-                "CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET go together: set both or neither"
-                    .into(),
-            ),
-        }
-    }
-}
-
 /// The operator's cluster-wide defaults.
 #[derive(clap::Args)]
 pub struct DefaultsArgs {
@@ -271,7 +248,7 @@ fn run(
         .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
         let (owned, writers) = crate::owned::Owned::new();
-        let context = controller::Context {
+        let context = context::Context {
             client: client.clone(),
             conductor,
             defaults,
@@ -283,7 +260,7 @@ fn run(
                 .timeout(std::time::Duration::from_secs(1))
                 .build()
                 .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
-            queues: scaling::QueueWatch::new(
+            queues: crate::queues::QueueWatch::new(
                 (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
             ),
             owned,

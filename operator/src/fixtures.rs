@@ -16,9 +16,10 @@ use serde_json::Value;
 use tower_test::mock::{Handle, SendResponse};
 
 use crate::conductor::Conductors;
-use crate::controller::{Context, reporter};
+use crate::context::Context;
+use crate::controller::reporter;
+use crate::queues::QueueWatch;
 use crate::render::Defaults;
-use crate::scaling::QueueWatch;
 
 /// A PeragoTask from the YAML of its `metadata` and `spec` mappings (flow style).
 pub fn task(metadata: &str, spec: &str) -> PeragoTask {

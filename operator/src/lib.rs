@@ -1,16 +1,20 @@
-//! The PeragoTask operator as a library: the controller and its reconcile, the Conductor
-//! metadata client, the rendering of contracts and executor Deployments, autoscaling, the
+//! The PeragoTask operator as a library: the controller and its reconcile (observe what
+//! exists, decide in pure functions — the status in `status`, the replicas in `scaling`, the
+//! children in `render` — then apply), the Conductor metadata client, the queue watch, the
 //! admission webhook, telemetry, and the command line (`app`) that `main.rs` runs.
 
 pub mod app;
 pub mod cli;
 pub mod conductor;
+pub mod context;
 pub mod controller;
 pub mod owned;
 pub mod pods;
+pub mod queues;
 pub mod reference;
 pub mod render;
 pub mod scaling;
+pub mod status;
 pub mod telemetry;
 pub mod webhook;
 

@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
 use perago_api::contract::TaskContract;
+use perago_api::task::BodyContainer;
 use perago_api::{PeragoTask, PeragoTaskSpec};
 
 /// Where the shared volume is mounted in both containers.
@@ -196,159 +197,13 @@ pub fn deployment(
     replicas: i32,
 ) -> Deployment {
     let name = task.metadata.name.clone().unwrap_or_default();
-    let spec = &task.spec;
-    let exec = &spec.executor;
-    let (grace, termination) = grace_seconds(spec, contract);
-
-    let conductor_url = spec
-        .conductor
-        .as_ref()
-        .and_then(|c| c.url.clone())
-        .or_else(|| defaults.conductor_url.clone())
-        .unwrap_or_default();
-    let mut sidecar_env = vec![
-        EnvVar {
-            name: "POD_NAME".into(),
-            value: None,
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    api_version: None,
-                }),
-                ..EnvVarSource::default()
-            }),
-        },
-        env(
-            "PERAGO_TASK_CONTRACT",
-            format!("{CONTRACT_DIR}/{CONTRACT_KEY}"),
-        ),
-        env("PERAGO_WORK_DIR", WORK_DIR),
-        env("PERAGO_HTTP_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
-        env("PERAGO_SHUTDOWN_GRACE_SECONDS", grace.to_string()),
-        env("CONDUCTOR_SERVER_URL", conductor_url),
-    ];
-    if let Some(secret) = spec
-        .conductor
-        .as_ref()
-        .and_then(|c| c.credentials_secret.clone())
-        .or_else(|| defaults.conductor_credentials_secret.clone())
-    {
-        sidecar_env.push(secret_env("CONDUCTOR_AUTH_KEY", &secret));
-        sidecar_env.push(secret_env("CONDUCTOR_AUTH_SECRET", &secret));
-    }
-    if contract.workspace.is_some() {
-        let endpoint = spec
-            .lakefs
-            .as_ref()
-            .and_then(|l| l.endpoint.clone())
-            .or_else(|| defaults.lakefs_endpoint.clone())
-            .unwrap_or_default();
-        sidecar_env.push(env("LAKECTL_SERVER_ENDPOINT_URL", endpoint));
-        if let Some(secret) = spec
-            .lakefs
-            .as_ref()
-            .and_then(|l| l.credentials_secret.clone())
-            .or_else(|| defaults.lakefs_credentials_secret.clone())
-        {
-            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", &secret));
-            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", &secret));
-        }
-    }
+    let exec = &task.spec.executor;
+    let (grace, termination) = grace_seconds(&task.spec, contract);
     let overrides = exec.sidecar.clone().unwrap_or_default();
     let sidecar_image = overrides
         .image
         .clone()
         .unwrap_or_else(|| defaults.sidecar_image.clone());
-    let sidecar_resources = overrides
-        .resources
-        .clone()
-        .unwrap_or_else(|| ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), quantity("50m")),
-                ("memory".to_owned(), quantity("64Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("256Mi"))])),
-            ..ResourceRequirements::default()
-        });
-
-    let install = Container {
-        name: "install-runner".into(),
-        image: Some(sidecar_image.clone()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        args: Some(vec![
-            "install-runner".into(),
-            "--to".into(),
-            format!("{WORK_DIR}/bin/perago-runner"),
-        ]),
-        volume_mounts: Some(vec![work_mount()]),
-        security_context: Some(restricted()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), quantity("10m")),
-                ("memory".to_owned(), quantity("16Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("64Mi"))])),
-            ..ResourceRequirements::default()
-        }),
-        ..Container::default()
-    };
-    let sidecar = Container {
-        name: "perago-sidecar".into(),
-        image: Some(sidecar_image),
-        args: Some(vec!["run".into()]),
-        // A native sidecar: started before the body, stopped after it.
-        restart_policy: Some("Always".into()),
-        // A sidecar that exits on bad settings says why in its log: that tail becomes the
-        // container's termination message, which the PeragoTask's status then quotes.
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        env: Some(sidecar_env),
-        ports: Some(vec![ContainerPort {
-            name: Some("metrics".into()),
-            container_port: METRICS_PORT,
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
-        startup_probe: Some(http_probe("/healthz", 1, 30)),
-        liveness_probe: Some(http_probe("/healthz", 10, 3)),
-        readiness_probe: Some(http_probe("/readyz", 5, 1)),
-        volume_mounts: Some(vec![
-            work_mount(),
-            VolumeMount {
-                name: "perago-contract".into(),
-                mount_path: CONTRACT_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-        ]),
-        resources: Some(sidecar_resources),
-        security_context: Some(restricted()),
-        ..Container::default()
-    };
-    let body = &exec.body;
-    let mut command = vec![format!("{WORK_DIR}/bin/perago-runner"), "--".to_owned()];
-    command.extend(body.command.iter().cloned());
-    command.extend(body.args.iter().cloned());
-    let body = Container {
-        name: "body".into(),
-        image: Some(body.image.clone()),
-        image_pull_policy: body.image_pull_policy.clone(),
-        command: Some(command),
-        env: (!body.env.is_empty()).then(|| body.env.clone()),
-        env_from: (!body.env_from.is_empty()).then(|| body.env_from.clone()),
-        resources: body.resources.clone(),
-        working_dir: body.working_dir.clone(),
-        // The root filesystem is read-only: /tmp is a scratch emptyDir of its own.
-        volume_mounts: Some(vec![
-            work_mount(),
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..VolumeMount::default()
-            },
-        ]),
-        security_context: Some(body.security_context.clone().unwrap_or_else(restricted)),
-        ..Container::default()
-    };
 
     let selector = BTreeMap::from([(TASK_LABEL.to_owned(), name.clone())]);
     let mut pod_labels = labels(&name);
@@ -381,50 +236,18 @@ pub fn deployment(
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
-                    init_containers: Some(vec![install, sidecar]),
-                    containers: vec![body],
-                    volumes: Some(vec![
-                        Volume {
-                            name: "perago-work".into(),
-                            empty_dir: Some(EmptyDirVolumeSource {
-                                medium: None,
-                                size_limit: Some(
-                                    exec.work_volume_size_limit
-                                        .clone()
-                                        .unwrap_or_else(|| quantity("10Gi")),
-                                ),
-                            }),
-                            ..Volume::default()
-                        },
-                        Volume {
-                            name: "tmp".into(),
-                            empty_dir: Some(EmptyDirVolumeSource::default()),
-                            ..Volume::default()
-                        },
-                        Volume {
-                            name: "perago-contract".into(),
-                            config_map: Some(ConfigMapVolumeSource {
-                                name: object_name(task),
-                                ..ConfigMapVolumeSource::default()
-                            }),
-                            ..Volume::default()
-                        },
+                    init_containers: Some(vec![
+                        install_container(&sidecar_image),
+                        sidecar_container(
+                            sidecar_image,
+                            overrides.resources,
+                            sidecar_env(task, contract, defaults, grace),
+                        ),
                     ]),
+                    containers: vec![body_container(&exec.body)],
+                    volumes: Some(volumes(task)),
                     termination_grace_period_seconds: Some(termination),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        // Body images often default to root, which runAsNonRoot refuses:
-                        // run as the distroless `nonroot` user unless the body says otherwise.
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        // Both containers share the emptyDir through this group.
-                        fs_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            localhost_profile: None,
-                        }),
-                        ..PodSecurityContext::default()
-                    }),
+                    security_context: Some(pod_security()),
                     service_account_name: exec.service_account_name.clone(),
                     // Neither container calls the Kubernetes API: no token unless the task
                     // names a ServiceAccount for its body (which then decides).
@@ -441,6 +264,230 @@ pub fn deployment(
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
+    }
+}
+
+/// The Conductor a task registers with: its own `spec.conductor.url`, else the default.
+pub fn conductor_url(task: &PeragoTask, defaults: &Defaults) -> String {
+    task.spec
+        .conductor
+        .as_ref()
+        .and_then(|c| c.url.clone())
+        .or_else(|| defaults.conductor_url.clone())
+        .unwrap_or_default()
+}
+
+/// The sidecar's settings: where its contract, work volume and HTTP server are, its shutdown
+/// grace, and where Conductor (and for workspace tasks lakeFS) are, with the Secrets of their
+/// credentials.
+fn sidecar_env(
+    task: &PeragoTask,
+    contract: &TaskContract,
+    defaults: &Defaults,
+    grace: i64,
+) -> Vec<EnvVar> {
+    let spec = &task.spec;
+    let mut sidecar_env = vec![
+        EnvVar {
+            name: "POD_NAME".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+        },
+        env(
+            "PERAGO_TASK_CONTRACT",
+            format!("{CONTRACT_DIR}/{CONTRACT_KEY}"),
+        ),
+        env("PERAGO_WORK_DIR", WORK_DIR),
+        env("PERAGO_HTTP_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
+        env("PERAGO_SHUTDOWN_GRACE_SECONDS", grace.to_string()),
+        env("CONDUCTOR_SERVER_URL", conductor_url(task, defaults)),
+    ];
+    if let Some(secret) = spec
+        .conductor
+        .as_ref()
+        .and_then(|c| c.credentials_secret.clone())
+        .or_else(|| defaults.conductor_credentials_secret.clone())
+    {
+        sidecar_env.push(secret_env("CONDUCTOR_AUTH_KEY", &secret));
+        sidecar_env.push(secret_env("CONDUCTOR_AUTH_SECRET", &secret));
+    }
+    if contract.workspace.is_some() {
+        let endpoint = spec
+            .lakefs
+            .as_ref()
+            .and_then(|l| l.endpoint.clone())
+            .or_else(|| defaults.lakefs_endpoint.clone())
+            .unwrap_or_default();
+        sidecar_env.push(env("LAKECTL_SERVER_ENDPOINT_URL", endpoint));
+        if let Some(secret) = spec
+            .lakefs
+            .as_ref()
+            .and_then(|l| l.credentials_secret.clone())
+            .or_else(|| defaults.lakefs_credentials_secret.clone())
+        {
+            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", &secret));
+            sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", &secret));
+        }
+    }
+    sidecar_env
+}
+
+/// The init container that copies `perago-runner` from the sidecar's image onto the work
+/// volume, where the body's command starts it.
+fn install_container(sidecar_image: &str) -> Container {
+    Container {
+        name: "install-runner".into(),
+        image: Some(sidecar_image.to_owned()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        args: Some(vec![
+            "install-runner".into(),
+            "--to".into(),
+            format!("{WORK_DIR}/bin/perago-runner"),
+        ]),
+        volume_mounts: Some(vec![work_mount()]),
+        security_context: Some(restricted()),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("10m")),
+                ("memory".to_owned(), quantity("16Mi")),
+            ])),
+            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("64Mi"))])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// The sidecar, a native sidecar (an init container that always restarts): started before the
+/// body, stopped after it.
+fn sidecar_container(
+    image: String,
+    resources: Option<ResourceRequirements>,
+    env: Vec<EnvVar>,
+) -> Container {
+    let resources = resources.unwrap_or_else(|| ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), quantity("50m")),
+            ("memory".to_owned(), quantity("64Mi")),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_owned(), quantity("256Mi"))])),
+        ..ResourceRequirements::default()
+    });
+    Container {
+        name: "perago-sidecar".into(),
+        image: Some(image),
+        args: Some(vec!["run".into()]),
+        restart_policy: Some("Always".into()),
+        // A sidecar that exits on bad settings says why in its log: that tail becomes the
+        // container's termination message, which the PeragoTask's status then quotes.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        startup_probe: Some(http_probe("/healthz", 1, 30)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        readiness_probe: Some(http_probe("/readyz", 5, 1)),
+        volume_mounts: Some(vec![
+            work_mount(),
+            VolumeMount {
+                name: "perago-contract".into(),
+                mount_path: CONTRACT_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        resources: Some(resources),
+        security_context: Some(restricted()),
+        ..Container::default()
+    }
+}
+
+/// The user's body, started through `perago-runner`, which takes its assignments from the
+/// sidecar.
+fn body_container(body: &BodyContainer) -> Container {
+    let mut command = vec![format!("{WORK_DIR}/bin/perago-runner"), "--".to_owned()];
+    command.extend(body.command.iter().cloned());
+    command.extend(body.args.iter().cloned());
+    Container {
+        name: "body".into(),
+        image: Some(body.image.clone()),
+        image_pull_policy: body.image_pull_policy.clone(),
+        command: Some(command),
+        env: (!body.env.is_empty()).then(|| body.env.clone()),
+        env_from: (!body.env_from.is_empty()).then(|| body.env_from.clone()),
+        resources: body.resources.clone(),
+        working_dir: body.working_dir.clone(),
+        // The root filesystem is read-only: /tmp is a scratch emptyDir of its own.
+        volume_mounts: Some(vec![
+            work_mount(),
+            VolumeMount {
+                name: "tmp".into(),
+                mount_path: "/tmp".into(),
+                ..VolumeMount::default()
+            },
+        ]),
+        security_context: Some(body.security_context.clone().unwrap_or_else(restricted)),
+        ..Container::default()
+    }
+}
+
+/// The shared work volume (bounded), the body's /tmp, and the contract ConfigMap.
+fn volumes(task: &PeragoTask) -> Vec<Volume> {
+    let size_limit = task
+        .spec
+        .executor
+        .work_volume_size_limit
+        .clone()
+        .unwrap_or_else(|| quantity("10Gi"));
+    vec![
+        Volume {
+            name: "perago-work".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(size_limit),
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        Volume {
+            name: "perago-contract".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: object_name(task),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        // Body images often default to root, which runAsNonRoot refuses: run as the
+        // distroless `nonroot` user unless the body says otherwise.
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        // Both containers share the emptyDir through this group.
+        fs_group: Some(65532),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
     }
 }
 

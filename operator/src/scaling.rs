@@ -2,8 +2,8 @@
 //! idle pods first on a scale-in, and the queue watch that starts pods within seconds of work
 //! arriving instead of at the task's next resync (ADR 0010).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -18,7 +18,7 @@ use perago_api::PeragoTask;
 use perago_api::task::AutoscalingSpec;
 
 use crate::conductor::ConductorError;
-use crate::controller::{Context, conductor_url};
+use crate::context::{Context, conductor_url};
 use crate::render;
 
 /// A running executor pod and the attempts it runs.
@@ -146,41 +146,6 @@ pub fn reason(queued: i64, running: i64, spec: &AutoscalingSpec, next: i32) -> S
         ));
     }
     text
-}
-
-/// Queue name to size, as Conductor's `/tasks/queue/all` answers, and when it was read.
-type QueueRead = (Instant, HashMap<String, i64>);
-
-/// The latest queue sizes of each Conductor, read by [`watch_queues`] every `period`.
-pub struct QueueWatch {
-    /// `None`: the watch is off, and each reconcile asks for its task's queue.
-    pub period: Option<Duration>,
-    /// Per Conductor base URL.
-    sizes: Mutex<HashMap<String, QueueRead>>,
-}
-
-impl QueueWatch {
-    pub fn new(period: Option<Duration>) -> Self {
-        Self {
-            period,
-            sizes: Mutex::default(),
-        }
-    }
-
-    /// The queue's size from a read no older than two periods.
-    fn fresh(&self, base: &str, queue: &str) -> Option<i64> {
-        let period = self.period?;
-        let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
-        let (at, sizes) = sizes.get(base)?;
-        (at.elapsed() <= 2 * period).then(|| sizes.get(queue).copied().unwrap_or(0))
-    }
-
-    fn record(&self, base: &str, sizes: HashMap<String, i64>) {
-        self.sizes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(base.to_owned(), (Instant::now(), sizes));
-    }
 }
 
 /// Scheduled tasks of the task type: from the queue watch when it read them lately and no
@@ -345,17 +310,5 @@ mod tests {
         assert!(needs_more_pods(&task, 8), "8 queued + 1 running need 3");
         task.spec.executor.replicas = 5;
         assert!(!needs_more_pods(&task, 400), "at the maximum");
-    }
-
-    #[test]
-    fn fresh_sizes_expire_after_two_periods() {
-        let watch = QueueWatch::new(Some(Duration::from_millis(20)));
-        watch.record("c", HashMap::from([("a".to_owned(), 3)]));
-        assert_eq!(watch.fresh("c", "a"), Some(3));
-        assert_eq!(watch.fresh("c", "b"), Some(0), "absent queue is empty");
-        assert_eq!(watch.fresh("other", "a"), None);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(watch.fresh("c", "a"), None);
-        assert_eq!(QueueWatch::new(None).fresh("c", "a"), None, "watch off");
     }
 }

@@ -4,47 +4,19 @@
 use std::time::Duration;
 
 use clap::Args;
-use perago_conductor::{ConductorClient, Credentials};
+use perago_conductor::ConductorClient;
+use perago_conductor::flags::ConductorFlags;
 use perago_lakefs::LakeFsClient;
+use perago_lakefs::flags::LakeFsFlags;
 
 use crate::Failure;
 
 #[derive(Args, Debug, Clone)]
 pub struct Endpoints {
-    /// Conductor API base URL, including `/api`.
-    #[arg(long, env = "CONDUCTOR_SERVER_URL", global = true)]
-    pub conductor_url: Option<String>,
-    #[arg(
-        long,
-        env = "CONDUCTOR_AUTH_KEY",
-        hide_env_values = true,
-        global = true
-    )]
-    pub conductor_auth_key: Option<String>,
-    #[arg(
-        long,
-        env = "CONDUCTOR_AUTH_SECRET",
-        hide_env_values = true,
-        global = true
-    )]
-    pub conductor_auth_secret: Option<String>,
-    /// lakeFS endpoint.
-    #[arg(long, env = "LAKECTL_SERVER_ENDPOINT_URL", global = true)]
-    pub lakefs_endpoint: Option<String>,
-    #[arg(
-        long,
-        env = "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-        hide_env_values = true,
-        global = true
-    )]
-    pub lakefs_access_key_id: Option<String>,
-    #[arg(
-        long,
-        env = "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-        hide_env_values = true,
-        global = true
-    )]
-    pub lakefs_secret_access_key: Option<String>,
+    #[command(flatten)]
+    pub conductor: ConductorFlags,
+    #[command(flatten)]
+    pub lakefs: LakeFsFlags,
     /// Timeout of every call (seconds).
     #[arg(long, default_value_t = 30, global = true)]
     pub timeout_seconds: u64,
@@ -57,10 +29,6 @@ pub struct Endpoints {
     pub namespace: Option<String>,
 }
 
-fn given(value: &Option<String>) -> Option<&str> {
-    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
-}
-
 impl Endpoints {
     /// These endpoints, with what `--task` finds filling the ones not given.
     pub async fn resolved(&self) -> Result<Self, Failure> {
@@ -69,21 +37,26 @@ impl Endpoints {
         };
         let env = crate::cluster::task_environment(self.namespace.as_deref(), task).await?;
         let mut out = self.clone();
+        let conductor = &mut out.conductor;
+        let lakefs = &mut out.lakefs;
         for (field, name) in [
-            (&mut out.conductor_url, "CONDUCTOR_SERVER_URL"),
-            (&mut out.conductor_auth_key, "CONDUCTOR_AUTH_KEY"),
-            (&mut out.conductor_auth_secret, "CONDUCTOR_AUTH_SECRET"),
-            (&mut out.lakefs_endpoint, "LAKECTL_SERVER_ENDPOINT_URL"),
+            (&mut conductor.conductor_url, "CONDUCTOR_SERVER_URL"),
+            (&mut conductor.auth.conductor_auth_key, "CONDUCTOR_AUTH_KEY"),
             (
-                &mut out.lakefs_access_key_id,
+                &mut conductor.auth.conductor_auth_secret,
+                "CONDUCTOR_AUTH_SECRET",
+            ),
+            (&mut lakefs.lakefs_endpoint, "LAKECTL_SERVER_ENDPOINT_URL"),
+            (
+                &mut lakefs.lakefs_access_key_id,
                 "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
             ),
             (
-                &mut out.lakefs_secret_access_key,
+                &mut lakefs.lakefs_secret_access_key,
                 "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
             ),
         ] {
-            if given(field).is_none() {
+            if field.as_deref().is_none_or(|v| v.trim().is_empty()) {
                 *field = env.get(name).cloned();
             }
         }
@@ -95,46 +68,35 @@ impl Endpoints {
     }
 
     pub fn lakefs(&self) -> Result<LakeFsClient, Failure> {
-        let missing = |what: &str| {
-            Failure::Usage(format!(
-                "no lakeFS {what}: pass --lakefs-{} or set LAKECTL_{}",
-                what.replace(' ', "-"),
-                match what {
-                    "endpoint" => "SERVER_ENDPOINT_URL",
-                    "access key id" => "CREDENTIALS_ACCESS_KEY_ID",
-                    _ => "CREDENTIALS_SECRET_ACCESS_KEY",
-                }
-            ))
-        };
-        let endpoint = given(&self.lakefs_endpoint).ok_or_else(|| missing("endpoint"))?;
-        let key = given(&self.lakefs_access_key_id).ok_or_else(|| missing("access key id"))?;
-        let secret =
-            given(&self.lakefs_secret_access_key).ok_or_else(|| missing("secret access key"))?;
-        LakeFsClient::new(endpoint, key, secret, self.timeout())
-            .map_err(|e| Failure::Usage(format!("lakeFS endpoint {endpoint}: {e}")))
+        let access = self
+            .lakefs
+            .access()
+            .map_err(Failure::Usage)?
+            .ok_or_else(|| {
+                Failure::Usage(
+                    "no lakeFS: pass --lakefs-endpoint, --lakefs-access-key-id and \
+                 --lakefs-secret-access-key or set LAKECTL_SERVER_ENDPOINT_URL, \
+                 LAKECTL_CREDENTIALS_ACCESS_KEY_ID and LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"
+                        .into(),
+                )
+            })?;
+        let endpoint = &access.endpoint;
+        LakeFsClient::new(
+            endpoint,
+            &access.access_key_id,
+            &access.secret_access_key,
+            self.timeout(),
+        )
+        .map_err(|e| Failure::Usage(format!("lakeFS endpoint {endpoint}: {e}")))
     }
 
     /// The Conductor client, when a URL is given.
     pub fn conductor(&self) -> Result<Option<ConductorClient>, Failure> {
-        let Some(url) = given(&self.conductor_url) else {
+        let Some(url) = self.conductor.url().map_err(Failure::Usage)? else {
             return Ok(None);
         };
-        let credentials = match (
-            given(&self.conductor_auth_key),
-            given(&self.conductor_auth_secret),
-        ) {
-            (Some(key), Some(secret)) => Some(Credentials {
-                key: key.to_owned(),
-                secret: secret.to_owned(),
-            }),
-            (None, None) => None,
-            _ => {
-                return Err(Failure::Usage(
-                    "CONDUCTOR_AUTH_KEY and CONDUCTOR_AUTH_SECRET go together".into(),
-                ));
-            }
-        };
-        ConductorClient::new(url, self.timeout(), credentials)
+        let credentials = self.conductor.auth.credentials().map_err(Failure::Usage)?;
+        ConductorClient::new(&url, self.timeout(), credentials)
             .map(Some)
             .map_err(|e| Failure::Usage(format!("Conductor URL {url}: {e}")))
     }

@@ -13,11 +13,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use perago_conductor::{Workflow, WorkflowTask};
-use perago_lakefs::{Commit, LakeFsClient, LakeFsError};
+use perago_lakefs::{Commit, LakeFsClient, LakeFsError, MergeOutcome};
 use perago_workspace::attempt::AttemptSnapshot;
 use perago_workspace::history::confirm_of;
 use perago_workspace::publication::{Key, Phase};
 use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::refusal::{Fence, FenceRefusal};
 use perago_workspace::staging::{self, StagingBranch};
 
 use crate::Failure;
@@ -533,121 +534,60 @@ pub struct Refusal {
     pub words: String,
 }
 
-/// The fence that refused an attempt, from its reason. `branch` is the attempt's target.
+/// The fence that refused an attempt, from its reason (read by `perago_workspace::refusal`,
+/// beside the types the sidecar formats it from). `branch` is the attempt's target.
 pub fn refusal(reason: &str, branch: &str, task_id: &str) -> Option<Refusal> {
-    let reason = reason.trim();
-    if let Some(at) = reason.find("perago hard fence: ") {
-        let said = &reason[at + "perago hard fence: ".len()..];
-        let head = said
-            .split_once(" is at ")
-            .map(|(_, rest)| rest.split([',', ' ', '\n']).next().unwrap_or("").to_owned())
-            .filter(|h| !h.is_empty());
-        let expected = said
-            .split_once(", expected ")
-            .map(|(_, rest)| rest.split_whitespace().next().unwrap_or("").to_owned());
-        let words = match (&head, &expected) {
-            (Some(h), Some(e)) => format!(
-                "lakeFS's pre-merge hook found {branch} at {} while the publication expected {}",
-                short(h),
-                short(e)
-            ),
-            _ => format!("lakeFS's pre-merge hook refused the merge into {branch}"),
-        };
-        return Some(Refusal {
-            fence: FenceKind::Hard,
-            head,
-            words,
-        });
-    }
-    let publish = |head: Option<&str>, words: String| Refusal {
-        fence: FenceKind::Publish,
-        head: head.map(str::to_owned),
-        words,
-    };
-    if !branch.is_empty()
-        && let Some(rest) = reason
-            .strip_prefix(branch)
-            .and_then(|r| r.strip_prefix(' '))
-    {
-        if let Some((from, to)) = rest
-            .strip_prefix("advanced from ")
-            .and_then(|r| r.rsplit_once(" to "))
+    let refused = FenceRefusal::parse(reason, branch, task_id)?;
+    let head = refused.head().map(str::to_owned);
+    let words = match &refused {
+        FenceRefusal::HardFence { head, expected, .. }
+            if !head.is_empty() && !expected.is_empty() =>
         {
-            return Some(publish(
-                Some(to),
-                format!(
-                    "{branch} had moved from the input ref {} to {}, which is not this step's publication",
-                    short(from),
-                    short(to)
-                ),
-            ));
+            format!(
+                "lakeFS's pre-merge hook found {branch} at {} while the publication expected {}",
+                short(head),
+                short(expected)
+            )
         }
-        if rest.starts_with("advanced beyond supported publish range") {
-            return Some(publish(
-                None,
-                format!("{branch} had moved too far past the input ref to classify"),
-            ));
+        FenceRefusal::HardFence { .. } => {
+            format!("lakeFS's pre-merge hook refused the merge into {branch}")
         }
-        if let Some(input) = rest.strip_prefix("no longer contains workspace input ref ") {
-            return Some(publish(
-                None,
-                format!(
-                    "{branch} no longer contains the input ref {} (reset or rewritten)",
-                    short(input)
-                ),
-            ));
+        FenceRefusal::Advanced { input, head, .. } => format!(
+            "{branch} had moved from the input ref {} to {}, which is not this step's publication",
+            short(input),
+            short(head)
+        ),
+        FenceRefusal::BeyondRange { .. } => {
+            format!("{branch} had moved too far past the input ref to classify")
         }
-        // The no-op refusal, and Python Perago 0.6.1's fence.
-        for (lead, what) in [
-            (
-                "cannot complete no-op from input ref ",
-                "nothing changed, but",
-            ),
-            ("cannot publish from input ref ", "Python Perago's fence:"),
-        ] {
-            if let Some((input, head)) = rest
-                .strip_prefix(lead)
-                .and_then(|r| r.split_once("; current head is "))
-            {
-                return Some(publish(
-                    Some(head),
-                    format!(
-                        "{what} {branch} had moved from the input ref {} to {}",
-                        short(input),
-                        short(head)
-                    ),
-                ));
-            }
+        FenceRefusal::InputGone { input, .. } => format!(
+            "{branch} no longer contains the input ref {} (reset or rewritten)",
+            short(input)
+        ),
+        FenceRefusal::NoOpMoved { input, head, .. } => format!(
+            "nothing changed, but {branch} had moved from the input ref {} to {}",
+            short(input),
+            short(head)
+        ),
+        FenceRefusal::PythonMoved { input, head, .. } => format!(
+            "Python Perago's fence: {branch} had moved from the input ref {} to {}",
+            short(input),
+            short(head)
+        ),
+        FenceRefusal::NotCurrent { .. } => {
+            "Conductor no longer had it as the current attempt when it was about to publish"
+                .to_owned()
         }
-    }
-    if (!task_id.is_empty() && reason == task_id)
-        || reason.starts_with(&format!("broker failed to reload attempt {task_id}"))
-    {
-        return Some(Refusal {
-            fence: FenceKind::Attempt,
-            head: None,
-            words: if reason == task_id {
-                "Conductor no longer had it as the current attempt when it was about to publish"
-                    .to_owned()
-            } else {
-                "Conductor could not confirm it was still the current attempt".to_owned()
-            },
-        });
-    }
-    None
-}
-
-/// A merge failure after which the merge may still have happened: no answer (a timeout, a
-/// lost connection), a 5xx, or an answer that could not be read.
-pub fn merge_uncertain(reason: &str) -> bool {
-    let Some(rest) = reason.trim().strip_prefix("lakeFS merge on ") else {
-        return false;
+        FenceRefusal::Unconfirmed { .. } => {
+            "Conductor could not confirm it was still the current attempt".to_owned()
+        }
     };
-    if rest.contains(" returned an unreadable answer") {
-        return true;
-    }
-    rest.split_once(" failed: ")
-        .is_some_and(|(_, cause)| !cause.starts_with("HTTP ") || cause.starts_with("HTTP 5"))
+    let fence = match refused.fence() {
+        Fence::Attempt => FenceKind::Attempt,
+        Fence::Publish => FenceKind::Publish,
+        Fence::Hard => FenceKind::Hard,
+    };
+    Some(Refusal { fence, head, words })
 }
 
 fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
@@ -767,11 +707,21 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
         return v;
     }
 
-    if merge_uncertain(&a.reason) {
+    if let Some(outcome) = MergeOutcome::of_reason(&a.reason).filter(|o| o.may_have_landed()) {
         let cause = a
             .reason
-            .split_once(" failed: ")
+            .split_once(": ")
             .map_or(a.reason.as_str(), |(_, c)| c);
+        let (ended, lands) = match outcome {
+            MergeOutcome::Applied => (
+                "lakeFS answered its merge with success but the answer could not be read",
+                "the merge landed",
+            ),
+            _ => (
+                "its merge ended without an answer",
+                "the merge may still land",
+            ),
+        };
         let staging = match try_commit {
             Some(t) => format!("its staging commit is {}", short(t)),
             None => "its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit)".into(),
@@ -815,7 +765,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
         let mut v = Verdict::new(
             VerdictKind::OutcomeUncertain,
             format!(
-                "outcome uncertain: its merge ended without an answer ({}) and no confirm commit of it is on {branch}{}; {staging}; the merge may still land. What settles it: {settles}",
+                "outcome uncertain: {ended} ({}) and no confirm commit of it is on {branch}{}; {staging}; {lands}. What settles it: {settles}",
                 cell(cause, 120),
                 search_gap(search)
             ),
@@ -1059,7 +1009,10 @@ mod tests {
         let r = refusal(hard, "main", "t").unwrap();
         assert_eq!((r.fence, r.head.as_deref()), (FenceKind::Hard, Some("H3")));
         assert!(r.words.contains("E3"), "{}", r.words);
-        assert!(!merge_uncertain(hard));
+        assert_eq!(
+            MergeOutcome::of_reason(hard),
+            Some(MergeOutcome::NotApplied)
+        );
         let r = refusal("t-1", "main", "t-1").unwrap();
         assert_eq!(r.fence, FenceKind::Attempt);
         let r = refusal(
@@ -1102,7 +1055,9 @@ mod tests {
             ),
             ("main advanced from A to H", false),
         ] {
-            assert_eq!(merge_uncertain(reason), uncertain, "{reason}");
+            let may_have_landed =
+                MergeOutcome::of_reason(reason).is_some_and(MergeOutcome::may_have_landed);
+            assert_eq!(may_have_landed, uncertain, "{reason}");
         }
     }
 

@@ -43,15 +43,52 @@ pub enum TaskRuntime {
     Workspace(Box<WorkspaceRuntime>),
 }
 
+/// The pause after each poll: none after a poll that brought tasks; growing ones after empty
+/// polls (up to the poll interval) and after failed ones (up to about a minute when Conductor
+/// refused the credentials, two otherwise). A poll with tasks starts both series again, an
+/// empty one the failures'.
+struct PollPacing {
+    interval: Duration,
+    empty: backon::ExponentialBackoff,
+    failures: Option<backon::ExponentialBackoff>,
+}
+
+impl PollPacing {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            empty: retry::empty_polls(interval),
+            failures: None,
+        }
+    }
+
+    fn after_tasks(&mut self) -> Duration {
+        self.empty = retry::empty_polls(self.interval);
+        self.failures = None;
+        Duration::ZERO
+    }
+
+    fn after_empty(&mut self) -> Duration {
+        self.failures = None;
+        self.empty.next().unwrap_or(self.interval)
+    }
+
+    fn after_failure(&mut self, refused_credentials: bool) -> Duration {
+        let longest = Duration::from_secs(if refused_credentials { 60 } else { 120 });
+        self.failures
+            .get_or_insert_with(|| retry::poll_failures(longest))
+            .next()
+            .unwrap_or(longest)
+    }
+}
+
 impl Broker {
     /// Poll until `stop` turns true, then drain. Returns when every attempt is reported.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let (abandon_tx, abandon) = watch::channel(false);
         let mut inflight = JoinSet::new();
         let mut slots = self.hub.subscribe();
-        // Pauses after empty and after failed polls, each started again by a poll with tasks.
-        let mut empty_pauses = retry::empty_polls(self.settings.poll_interval);
-        let mut failure_pauses: Option<backon::ExponentialBackoff> = None;
+        let mut pacing = PollPacing::new(self.settings.poll_interval);
         let task_name = self.contract.task_name.clone();
         while !*stop.borrow() {
             while inflight.try_join_next().is_some() {}
@@ -92,14 +129,11 @@ impl Broker {
             let pause = match polled {
                 Ok(tasks) if tasks.is_empty() => {
                     self.metrics.polls.with_label_values(&["empty"]).inc();
-                    failure_pauses = None;
-                    empty_pauses.next().unwrap_or(self.settings.poll_interval)
+                    pacing.after_empty()
                 }
                 Ok(tasks) => {
                     self.metrics.polls.with_label_values(&["tasks"]).inc();
                     self.metrics.polled_tasks.inc_by(tasks.len() as u64);
-                    empty_pauses = retry::empty_polls(self.settings.poll_interval);
-                    failure_pauses = None;
                     let mut leases = leases.into_iter();
                     for task in tasks {
                         // More tasks than asked for would find no slot (Conductor never does
@@ -114,7 +148,7 @@ impl Broker {
                             broker.attempt(task, execution_id, lease, abandon).await
                         });
                     }
-                    Duration::ZERO
+                    pacing.after_tasks()
                 }
                 Err(e) => {
                     self.metrics.polls.with_label_values(&["error"]).inc();
@@ -122,13 +156,7 @@ impl Broker {
                         .conductor_errors
                         .with_label_values(&[e.call()])
                         .inc();
-                    // Refused credentials are retried at most every minute or so, other
-                    // failures every two.
-                    let longest = Duration::from_secs(if e.is_auth() { 60 } else { 120 });
-                    let pause = failure_pauses
-                        .get_or_insert_with(|| retry::poll_failures(longest))
-                        .next()
-                        .unwrap_or(longest);
+                    let pause = pacing.after_failure(e.is_auth());
                     warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "polling Conductor failed");
                     pause
                 }
@@ -371,6 +399,42 @@ impl Broker {
             task_id,
             error = %last,
             "task result LOST: Conductor did not accept it; its timeouts and retry policy decide what happens next"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_pause_by_what_the_last_one_brought() {
+        let interval = Duration::from_millis(100);
+        let mut pacing = PollPacing::new(interval);
+        // Empty polls: from a millisecond or two up to about the interval (with jitter).
+        let empty: Vec<Duration> = (0..12).map(|_| pacing.after_empty()).collect();
+        assert!(empty[0] < Duration::from_millis(3), "{empty:?}");
+        assert!(empty.windows(2).take(5).all(|w| w[1] > w[0]), "{empty:?}");
+        assert!(empty.iter().all(|d| *d < interval * 2), "{empty:?}");
+        // Tasks: no pause, and the empty series starts again.
+        assert_eq!(pacing.after_tasks(), Duration::ZERO);
+        assert!(pacing.after_empty() < Duration::from_millis(3));
+        // Failures: from about a second, growing, bounded by the cause's ceiling.
+        let failures: Vec<Duration> = (0..20).map(|_| pacing.after_failure(false)).collect();
+        assert!(failures[0] >= Duration::from_millis(700) && failures[0] < Duration::from_secs(2));
+        assert!(
+            failures.iter().all(|d| *d < Duration::from_secs(161)),
+            "{failures:?}"
+        );
+        assert!(failures[19] > Duration::from_secs(60), "{failures:?}");
+        // An empty poll means Conductor answers again: the next failure starts low.
+        pacing.after_empty();
+        assert!(pacing.after_failure(false) < Duration::from_secs(2));
+        let mut refused = PollPacing::new(interval);
+        let late = (0..20).map(|_| refused.after_failure(true)).last().unwrap();
+        assert!(
+            late < Duration::from_secs(81) && late >= Duration::from_secs(40),
+            "{late:?}"
         );
     }
 }

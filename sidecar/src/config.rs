@@ -9,6 +9,9 @@ use clap::Args;
 
 use crate::otlp::OtlpConfig;
 use perago_conductor::Credentials;
+use perago_conductor::flags::ConductorFlags;
+use perago_contract::setting::given;
+use perago_lakefs::flags::LakeFsFlags;
 
 #[derive(Args, Debug, Clone)]
 pub struct Settings {
@@ -22,13 +25,8 @@ pub struct Settings {
     /// The shared work volume: the runner socket and the execution directories.
     #[arg(long, env = "PERAGO_WORK_DIR", default_value = "/perago-work")]
     pub work_dir: PathBuf,
-    /// Conductor API base URL, including `/api`.
-    #[arg(long, env = "CONDUCTOR_SERVER_URL")]
-    pub conductor_url: Option<String>,
-    #[arg(long, env = "CONDUCTOR_AUTH_KEY", hide_env_values = true)]
-    pub conductor_auth_key: Option<String>,
-    #[arg(long, env = "CONDUCTOR_AUTH_SECRET", hide_env_values = true)]
-    pub conductor_auth_secret: Option<String>,
+    #[command(flatten)]
+    pub conductor: ConductorFlags,
     /// Per-request timeout of Conductor calls (seconds).
     #[arg(long, env = "PERAGO_CONDUCTOR_TIMEOUT_SECONDS", default_value_t = 10)]
     pub conductor_timeout_seconds: u64,
@@ -50,21 +48,9 @@ pub struct Settings {
     /// How long in-flight attempts may run after SIGTERM before they are given up (seconds).
     #[arg(long, env = "PERAGO_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
-    /// lakeFS endpoint (workspace tasks).
-    #[arg(long, env = "LAKECTL_SERVER_ENDPOINT_URL")]
-    pub lakefs_endpoint: Option<String>,
-    #[arg(
-        long,
-        env = "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-        hide_env_values = true
-    )]
-    pub lakefs_access_key_id: Option<String>,
-    #[arg(
-        long,
-        env = "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-        hide_env_values = true
-    )]
-    pub lakefs_secret_access_key: Option<String>,
+    /// lakeFS (workspace tasks).
+    #[command(flatten)]
+    pub lakefs: LakeFsFlags,
     /// Per-request timeout of lakeFS calls other than transfers and the merge (seconds).
     #[arg(long, env = "PERAGO_LAKEFS_TIMEOUT_SECONDS", default_value_t = 30)]
     pub lakefs_timeout_seconds: u64,
@@ -190,41 +176,13 @@ impl std::fmt::Debug for LakeFsSettings {
     }
 }
 
-fn set(value: Option<&String>) -> Option<String> {
-    value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
-}
-
-fn not_placeholder(name: &str, value: Option<String>) -> Result<Option<String>, String> {
-    match value {
-        Some(v) if v == "replace-me" => Err(format!("{name} must be replaced with a real value")),
-        other => Ok(other),
-    }
-}
-
 impl Settings {
     pub fn check(&self) -> Result<RuntimeSettings, String> {
-        let conductor_url =
-            not_placeholder("CONDUCTOR_SERVER_URL", set(self.conductor_url.as_ref()))?
-                .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
-        let key = not_placeholder("CONDUCTOR_AUTH_KEY", set(self.conductor_auth_key.as_ref()))?;
-        let secret = not_placeholder(
-            "CONDUCTOR_AUTH_SECRET",
-            set(self.conductor_auth_secret.as_ref()),
-        )?;
-        let credentials = match (key, secret) {
-            (Some(key), Some(secret)) => Some(Credentials { key, secret }),
-            (None, None) => None,
-            (None, Some(_)) => {
-                return Err(
-                    "Conductor credentials are incomplete; missing CONDUCTOR_AUTH_KEY".into(),
-                );
-            }
-            (Some(_), None) => {
-                return Err(
-                    "Conductor credentials are incomplete; missing CONDUCTOR_AUTH_SECRET".into(),
-                );
-            }
-        };
+        let conductor_url = self
+            .conductor
+            .url()?
+            .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
+        let credentials = self.conductor.auth.credentials()?;
         let prefix = match &self.worker_id_prefix {
             None => None,
             Some(raw) => {
@@ -251,53 +209,17 @@ impl Settings {
                     .ok_or_else(|| format!("PERAGO_FAULT '{name}' is not a known crash point"))?,
             ),
         };
-        let lakefs_vars = [
-            (
-                "LAKECTL_SERVER_ENDPOINT_URL",
-                not_placeholder(
-                    "LAKECTL_SERVER_ENDPOINT_URL",
-                    set(self.lakefs_endpoint.as_ref()),
-                )?,
-            ),
-            (
-                "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-                not_placeholder(
-                    "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-                    set(self.lakefs_access_key_id.as_ref()),
-                )?,
-            ),
-            (
-                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-                not_placeholder(
-                    "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-                    set(self.lakefs_secret_access_key.as_ref()),
-                )?,
-            ),
-        ];
-        let missing: Vec<&str> = lakefs_vars
-            .iter()
-            .filter(|(_, v)| v.is_none())
-            .map(|(n, _)| *n)
-            .collect();
-        let lakefs = match missing.len() {
-            3 => None,
-            0 => {
-                let [
-                    (_, Some(endpoint)),
-                    (_, Some(access_key_id)),
-                    (_, Some(secret_access_key)),
-                ] = lakefs_vars
-                else {
-                    return Err("LakeFS config is incomplete".into());
-                };
+        let lakefs = match self.lakefs.access()? {
+            None => None,
+            Some(access) => {
                 if self.transfer_parallelism == 0 {
                     return Err("PERAGO_TRANSFER_PARALLELISM must be greater than zero".into());
                 }
                 Some(LakeFsSettings {
                     fault,
-                    endpoint,
-                    access_key_id,
-                    secret_access_key,
+                    endpoint: access.endpoint,
+                    access_key_id: access.access_key_id,
+                    secret_access_key: access.secret_access_key,
                     timeout: Duration::from_secs(self.lakefs_timeout_seconds.max(1)),
                     transfer_timeout: Duration::from_secs(self.transfer_timeout_seconds.max(1)),
                     parallelism: self.transfer_parallelism,
@@ -307,15 +229,9 @@ impl Settings {
                     staging_gone_after: Duration::from_secs(self.staging_gone_after_seconds),
                 })
             }
-            _ => {
-                return Err(format!(
-                    "LakeFS config is incomplete; missing {}",
-                    missing.join(", ")
-                ));
-            }
         };
         let otlp = OtlpConfig::from_lookup(|name| std::env::var(name).ok())?;
-        let instance_id = match set(self.instance_id.as_ref()) {
+        let instance_id = match given("PERAGO_INSTANCE_ID", self.instance_id.as_deref())? {
             Some(id)
                 if !id
                     .chars()
@@ -337,7 +253,7 @@ impl Settings {
         if self.conductor_timeout_seconds == 0 {
             return Err("PERAGO_CONDUCTOR_TIMEOUT_SECONDS must be greater than zero".into());
         }
-        let pod = set(self.pod_name.as_ref())
+        let pod = given("POD_NAME", self.pod_name.as_deref())?
             .or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .ok()

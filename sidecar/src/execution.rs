@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::failure::{AttemptError, FileError};
+use crate::failure::{AttemptError, BodyError, FileError};
 use crate::input::Schemas;
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
@@ -124,28 +124,6 @@ pub struct Dispatch<'a> {
     pub abandon: watch::Receiver<bool>,
 }
 
-/// Reason texts of the dispatch path (the reference's wording).
-pub fn runner_lost(worker: &str, task_id: &str) -> String {
-    format!("executor process for worker {worker} exited while running task {task_id}")
-}
-
-/// Why a body died of a signal, for the reason after the reference's executor-exited text.
-pub fn killed_why(signal: i32, oom_killed: bool) -> String {
-    if oom_killed {
-        return "the task body was killed by the out-of-memory killer: its container reached \
-                its memory limit"
-            .to_owned();
-    }
-    match nix::sys::signal::Signal::try_from(signal) {
-        Ok(name) => format!("the task body was killed by signal {signal} ({name})"),
-        Err(_) => format!("the task body was killed by signal {signal}"),
-    }
-}
-
-pub fn pipe_broken(worker: &str, task_id: &str) -> String {
-    format!("executor pipe for worker {worker} is broken for task {task_id}")
-}
-
 /// Run the body once on validated params and return its result. `workspace` is the
 /// directory the body sees as `PERAGO_WORKSPACE`, if any.
 pub async fn run_body(
@@ -189,7 +167,10 @@ pub async fn run_body(
         .hub
         .assign_when_connected(run.lease, run.execution_id, vars, RECONNECT_PATIENCE)
         .await
-        .map_err(|_| AttemptError::Body(pipe_broken(run.slot_worker_id, task_id)))?;
+        .map_err(|_| BodyError::PipeBroken {
+            worker: run.slot_worker_id.to_owned(),
+            task_id: task_id.clone(),
+        })?;
     info!(
         phase = "body",
         slot = run.lease.slot,
@@ -203,29 +184,30 @@ pub async fn run_body(
     let end = match end {
         Waited::Ended(end) => end,
         Waited::Deadline => {
-            return Err(AttemptError::Body(format!(
-                "executor did not return result for task {task_id}"
-            )));
+            let task_id = task_id.clone();
+            return Err(BodyError::TimedOut { task_id }.into());
         }
         Waited::Abandoned => {
-            return Err(AttemptError::Body(format!(
-                "the sidecar shut down before task {task_id} finished"
-            )));
+            let task_id = task_id.clone();
+            return Err(BodyError::Abandoned { task_id }.into());
         }
     };
     info!(phase = "body", end = ?end, "task body ended");
-    match end {
-        ProcessEnd::RunnerLost => Err(AttemptError::Body(runner_lost(run.slot_worker_id, task_id))),
-        ProcessEnd::Signalled { signal, oom_killed } => Err(AttemptError::Body(format!(
-            "{}: {}",
-            runner_lost(run.slot_worker_id, task_id),
-            killed_why(signal, oom_killed)
-        ))),
-        ProcessEnd::NotStarted { error } => Err(AttemptError::Body(format!(
-            "task body could not be started: {error}"
-        ))),
-        ProcessEnd::Exited { code } => outcome(run.schemas, left, code),
+    let (worker, task_id) = (run.slot_worker_id.to_owned(), task_id.clone());
+    Err(match end {
+        ProcessEnd::Exited { code } => return outcome(run.schemas, left, code),
+        ProcessEnd::RunnerLost => BodyError::RunnerLost { worker, task_id },
+        ProcessEnd::Signalled {
+            oom_killed: true, ..
+        } => BodyError::OutOfMemory { worker, task_id },
+        ProcessEnd::Signalled { signal, .. } => BodyError::Killed {
+            worker,
+            task_id,
+            signal,
+        },
+        ProcessEnd::NotStarted { error } => BodyError::NotStarted(error),
     }
+    .into())
 }
 
 enum Waited {
@@ -325,24 +307,18 @@ fn outcome(schemas: &Schemas, left: BodyFiles, code: i32) -> Result<Value, Attem
         return Err(error_document(&bytes));
     }
     if code != 0 {
-        return Err(AttemptError::Body(format!(
-            "task body exited with status {code}"
-        )));
+        return Err(BodyError::Exited { code }.into());
     }
-    let bytes = left.result?.ok_or_else(|| {
-        AttemptError::Body(
-            "task body exited with status 0 without writing a result to PERAGO_RESULT".into(),
-        )
-    })?;
-    let result: Value = serde_json::from_slice(&bytes).map_err(AttemptError::ResultNotJson)?;
-    schemas.result(&result).map_err(AttemptError::Result)?;
+    let bytes = left.result?.ok_or(BodyError::NoResult)?;
+    let result: Value = serde_json::from_slice(&bytes).map_err(BodyError::ResultNotJson)?;
+    schemas.result(&result).map_err(BodyError::ResultSchema)?;
     Ok(result)
 }
 
 /// `{"reason": "...", "terminal": true|false}`: the body's own failure, terminal if it says
 /// so. A document that breaks these rules fails the attempt saying how.
 pub fn error_document(bytes: &[u8]) -> AttemptError {
-    let invalid = |why: &str| AttemptError::Body(why.to_owned());
+    let invalid = |why: &str| AttemptError::from(BodyError::ErrorDocument(why.to_owned()));
     let doc: Map<String, Value> = match serde_json::from_slice(bytes) {
         Ok(Value::Object(m)) => m,
         Ok(_) => return invalid("task body wrote an error document that is not a JSON object"),
@@ -439,7 +415,7 @@ mod tests {
             (br#"{"reason":"x","terminal":"yes"}"#, "not a boolean"),
         ] {
             assert!(outcome(bytes).reason().unwrap().contains(says), "{says}");
-            assert_eq!(error_document(bytes).label(), "body");
+            assert_eq!(error_document(bytes).label(), "error_document");
         }
     }
 

@@ -4,14 +4,17 @@
 //! `Display` is the reason Conductor receives (the reference's texts, byte for byte);
 //! [`AttemptError::terminal`] is the one place that chooses FAILED_WITH_TERMINAL_ERROR over
 //! FAILED; [`AttemptError::label`] names the row in `perago_sidecar_attempt_failures_total`.
+//! The fences' refusals and the merge's outcome are `perago_workspace::refusal` and
+//! `perago_lakefs::MergeOutcome`, which `kubectl perago explain` reads back from the reason.
 
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
 use perago_contract::text::clip_path;
-use perago_lakefs::LakeFsError;
+use perago_lakefs::{LakeFsError, MergeOutcome};
 use perago_workspace::attempt::SnapshotError;
+use perago_workspace::refusal::FenceRefusal;
 
 use crate::input::InputError;
 use crate::outcome::Outcome;
@@ -58,53 +61,106 @@ pub enum AttemptError {
     /// The input workspace breaks the task's pre guardrails: terminal.
     #[error(transparent)]
     PreGuardrail(GuardrailError),
-    /// The body could not start, died, ran out of time, was given up, or exited without a
-    /// result.
-    #[error("{0}")]
-    Body(String),
+    /// The body did not leave a result: it could not start, died, ran out of time, was given
+    /// up, or left a result or an error document the sidecar cannot take.
+    #[error(transparent)]
+    Body(#[from] BodyError),
     /// The body's own error document; `terminal` is its choice.
     #[error("{reason}")]
     Declared { reason: String, terminal: bool },
-    /// The body's result breaks the result schema.
-    #[error(transparent)]
-    Result(InputError),
-    #[error("task body wrote a result that is not JSON: {0}")]
-    ResultNotJson(serde_json::Error),
     #[error(transparent)]
     PostGuardrail(GuardrailError),
-    /// The attempt fence: Conductor no longer shows this attempt as the current one. The
-    /// reason is the task id alone, as in the reference.
-    #[error("{task_id}")]
-    Stale { task_id: String },
-    /// The attempt fence could not read the task again.
-    #[error("broker failed to reload attempt {task_id}: {cause}")]
-    FenceUnreadable { task_id: String, cause: String },
-    /// The publish fence cannot explain the branch's history since the input ref.
+    /// The attempt fence: Conductor no longer shows this attempt as the current one, or the
+    /// task could not be read again.
+    #[error(transparent)]
+    AttemptFence(FenceRefusal),
+    /// The publish fence cannot explain the branch's history since the input ref, or found
+    /// nothing to publish on a branch no longer at the input ref.
     #[error(transparent)]
     PublishFence(FenceError),
-    /// Nothing to publish, and the branch is no longer at the input ref.
-    #[error("{branch} cannot complete no-op from input ref {input}; current head is {head}")]
-    NoOpMoved {
-        branch: String,
-        input: String,
-        head: String,
-    },
     /// Planning, creating the staging branch, uploading, deleting or committing the try.
     #[error(transparent)]
     Stage(#[from] StageError),
-    /// The target head is no longer the base the fence chose.
-    #[error("{branch} advanced from {input} to {head}")]
-    HeadMoved {
-        branch: String,
-        input: String,
-        head: String,
-    },
+    /// The target head is no longer the base the fence chose ([`FenceRefusal::Advanced`]).
+    #[error(transparent)]
+    HeadMoved(FenceRefusal),
     /// Reading the target head before the merge failed.
     #[error(transparent)]
     HeadUnreadable(LakeFsError),
-    /// The merge failed; [`AttemptError::merge_uncertain`] says whether it may have landed.
+    /// The merge failed; [`AttemptError::merge_outcome`] says whether it may have landed.
     #[error(transparent)]
     Merge(LakeFsError),
+}
+
+/// Why the body left no result the sidecar can take: one variant per way it can end badly,
+/// each its own `reason` label of the failures metric.
+#[derive(Debug, Error)]
+pub enum BodyError {
+    #[error("task body could not be started: {0}")]
+    NotStarted(String),
+    /// The runner went away with the body (its container restarted, or it crashed).
+    #[error("executor process for worker {worker} exited while running task {task_id}")]
+    RunnerLost { worker: String, task_id: String },
+    /// The runner was not connected again in time to take the assignment.
+    #[error("executor pipe for worker {worker} is broken for task {task_id}")]
+    PipeBroken { worker: String, task_id: String },
+    #[error(
+        "executor process for worker {worker} exited while running task {task_id}: the task body was killed by signal {signal}{}",
+        signal_name(*.signal)
+    )]
+    Killed {
+        worker: String,
+        task_id: String,
+        signal: i32,
+    },
+    #[error(
+        "executor process for worker {worker} exited while running task {task_id}: the task body was killed by the out-of-memory killer: its container reached its memory limit"
+    )]
+    OutOfMemory { worker: String, task_id: String },
+    /// The TaskDef's `timeoutSeconds` passed first.
+    #[error("executor did not return result for task {task_id}")]
+    TimedOut { task_id: String },
+    /// The sidecar's shutdown grace ended first.
+    #[error("the sidecar shut down before task {task_id} finished")]
+    Abandoned { task_id: String },
+    #[error("task body exited with status {code}")]
+    Exited { code: i32 },
+    #[error("task body exited with status 0 without writing a result to PERAGO_RESULT")]
+    NoResult,
+    #[error("task body wrote a result that is not JSON: {0}")]
+    ResultNotJson(serde_json::Error),
+    /// The result breaks the task's result schema.
+    #[error(transparent)]
+    ResultSchema(InputError),
+    /// An error document the sidecar cannot take, and why.
+    #[error("{0}")]
+    ErrorDocument(String),
+}
+
+/// " (SIGKILL)" for a signal this platform names.
+fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|name| format!(" ({name})"))
+        .unwrap_or_default()
+}
+
+impl BodyError {
+    /// The `reason` label of the failures metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NotStarted(_) => "body_not_started",
+            Self::RunnerLost { .. } | Self::PipeBroken { .. } => "body_runner_lost",
+            Self::Killed { .. } => "body_killed",
+            Self::OutOfMemory { .. } => "body_out_of_memory",
+            Self::TimedOut { .. } => "body_timed_out",
+            Self::Abandoned { .. } => "body_abandoned",
+            Self::Exited { .. } => "body_exited",
+            Self::NoResult => "result_missing",
+            Self::ResultNotJson(_) => "result_not_json",
+            Self::ResultSchema(_) => "result_schema",
+            Self::ErrorDocument(_) => "error_document",
+        }
+    }
 }
 
 impl AttemptError {
@@ -116,9 +172,12 @@ impl AttemptError {
         )
     }
 
-    /// The merge may have landed: only the next attempt's publish fence can tell.
-    pub fn merge_uncertain(&self) -> bool {
-        matches!(self, Self::Merge(e) if e.outcome_uncertain())
+    /// What a failed merge did to the target; `None` for any other failure.
+    pub fn merge_outcome(&self) -> Option<MergeOutcome> {
+        match self {
+            Self::Merge(e) => Some(e.merge_outcome()),
+            _ => None,
+        }
     }
 
     /// The failure table's row, as the `reason` label of the failures metric.
@@ -130,18 +189,50 @@ impl AttemptError {
             Self::Local(_) => "local",
             Self::Download(_) => "download",
             Self::PreGuardrail(_) => "pre_guardrail",
-            Self::Body(_) => "body",
+            Self::Body(e) => e.label(),
             Self::Declared { .. } => "body_error",
-            Self::Result(_) | Self::ResultNotJson(_) => "result",
             Self::PostGuardrail(_) => "post_guardrail",
-            Self::Stale { .. } | Self::FenceUnreadable { .. } => "attempt_fence",
-            Self::PublishFence(_) | Self::NoOpMoved { .. } => "publish_fence",
+            Self::AttemptFence(_) => "attempt_fence",
+            Self::PublishFence(_) => "publish_fence",
             Self::Stage(_) => "stage",
-            Self::HeadMoved { .. } | Self::HeadUnreadable(_) => "head_check",
-            Self::Merge(_) if self.merge_uncertain() => "merge_uncertain",
-            Self::Merge(_) => "merge",
+            Self::HeadMoved(_) | Self::HeadUnreadable(_) => "head_check",
+            Self::Merge(e) => match e.merge_outcome() {
+                MergeOutcome::NotApplied => "merge",
+                MergeOutcome::Unknown => "merge_uncertain",
+                MergeOutcome::Applied => "merge_unreadable",
+            },
         }
     }
+
+    /// Every `reason` label [`AttemptError::label`] gives, for the metric's help text.
+    pub const LABELS: &'static [&'static str] = &[
+        "task",
+        "no_slot",
+        "input",
+        "local",
+        "download",
+        "pre_guardrail",
+        "body_not_started",
+        "body_runner_lost",
+        "body_killed",
+        "body_out_of_memory",
+        "body_timed_out",
+        "body_abandoned",
+        "body_exited",
+        "result_missing",
+        "result_not_json",
+        "result_schema",
+        "error_document",
+        "body_error",
+        "post_guardrail",
+        "attempt_fence",
+        "publish_fence",
+        "stage",
+        "head_check",
+        "merge",
+        "merge_uncertain",
+        "merge_unreadable",
+    ];
 }
 
 impl From<AttemptError> for Outcome {
@@ -195,9 +286,9 @@ mod tests {
                 reason: "no".into(),
                 terminal: false,
             },
-            AttemptError::Stale {
+            AttemptError::AttemptFence(FenceRefusal::NotCurrent {
                 task_id: "t".into(),
-            },
+            }),
         ] {
             assert_eq!(terminal(e), "FAILED");
         }
@@ -207,25 +298,27 @@ mod tests {
     fn reasons_are_the_reference_texts() {
         let reason = |e: AttemptError| Outcome::from(e).reason().unwrap_or("").to_owned();
         assert_eq!(
-            reason(AttemptError::Stale {
+            reason(AttemptError::AttemptFence(FenceRefusal::NotCurrent {
                 task_id: "9b4c".into()
-            }),
+            })),
             "9b4c"
         );
         assert_eq!(
-            reason(AttemptError::HeadMoved {
+            reason(AttemptError::HeadMoved(FenceRefusal::Advanced {
                 branch: "main".into(),
                 input: "a1".into(),
                 head: "b2".into()
-            }),
+            })),
             "main advanced from a1 to b2"
         );
         assert_eq!(
-            reason(AttemptError::NoOpMoved {
-                branch: "main".into(),
-                input: "a1".into(),
-                head: "b2".into()
-            }),
+            reason(AttemptError::PublishFence(FenceError::Refused(
+                FenceRefusal::NoOpMoved {
+                    branch: "main".into(),
+                    input: "a1".into(),
+                    head: "b2".into()
+                }
+            ))),
             "main cannot complete no-op from input ref a1; current head is b2"
         );
         assert_eq!(
@@ -234,6 +327,61 @@ mod tests {
             }
             .label(),
             "no_slot"
+        );
+    }
+
+    #[test]
+    fn each_body_failure_has_its_own_label_and_the_reference_text() {
+        let worker = || "w-1".to_owned();
+        let task_id = || "9b4c".to_owned();
+        let cases = [
+            (
+                BodyError::Killed {
+                    worker: worker(),
+                    task_id: task_id(),
+                    signal: 9,
+                },
+                "body_killed",
+                "executor process for worker w-1 exited while running task 9b4c: the task body was killed by signal 9 (SIGKILL)",
+            ),
+            (
+                BodyError::OutOfMemory {
+                    worker: worker(),
+                    task_id: task_id(),
+                },
+                "body_out_of_memory",
+                "executor process for worker w-1 exited while running task 9b4c: the task body was killed by the out-of-memory killer: its container reached its memory limit",
+            ),
+            (
+                BodyError::TimedOut { task_id: task_id() },
+                "body_timed_out",
+                "executor did not return result for task 9b4c",
+            ),
+            (
+                BodyError::Exited { code: 3 },
+                "body_exited",
+                "task body exited with status 3",
+            ),
+            (
+                BodyError::NoResult,
+                "result_missing",
+                "task body exited with status 0 without writing a result to PERAGO_RESULT",
+            ),
+        ];
+        for (error, label, reason) in cases {
+            let error = AttemptError::from(error);
+            assert_eq!(error.label(), label);
+            assert!(AttemptError::LABELS.contains(&label));
+            assert_eq!(error.to_string(), reason);
+        }
+        let signal = BodyError::Killed {
+            worker: worker(),
+            task_id: task_id(),
+            signal: 1000,
+        };
+        assert!(
+            signal.to_string().ends_with("killed by signal 1000"),
+            "{signal}"
         );
     }
 }

@@ -20,10 +20,11 @@ use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use perago_lakefs::LakeFsError;
+use perago_lakefs::{LakeFsError, MergeOutcome};
 use perago_workspace::attempt::AttemptSnapshot;
 use perago_workspace::publication::{Confirmation, Publication};
 use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::refusal::FenceRefusal;
 use perago_workspace::staging::StagingBranch;
 
 use crate::broker::{Broker, TaskRuntime};
@@ -33,7 +34,7 @@ use crate::failure::AttemptError;
 use crate::input;
 use crate::runner::Lease;
 use crate::workspace::guardrails::GuardrailError;
-use crate::workspace::publish::{self, PublishBase, StageError};
+use crate::workspace::publish::{self, FenceError, PublishBase, StageError};
 use crate::workspace::snapshot::Snapshot;
 use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
 use perago_contract::protocol::files;
@@ -345,11 +346,13 @@ impl Attempt<'_> {
         match publish::publish_fence(lakefs, ws, &self.snapshot.logical_task_key()).await {
             Ok(base) => Ok(base),
             Err(reason) if !changed => match lakefs.branch_head(&ws.repository, &ws.branch).await {
-                Ok(head) => Err(AttemptError::NoOpMoved {
-                    branch: ws.branch.clone(),
-                    input: ws.reference.clone(),
-                    head,
-                }),
+                Ok(head) => Err(AttemptError::PublishFence(FenceError::Refused(
+                    FenceRefusal::NoOpMoved {
+                        branch: ws.branch.clone(),
+                        input: ws.reference.clone(),
+                        head,
+                    },
+                ))),
                 Err(_) => Err(AttemptError::PublishFence(reason)),
             },
             Err(reason) => Err(AttemptError::PublishFence(reason)),
@@ -361,9 +364,11 @@ impl Attempt<'_> {
     /// docs/design.md#attempt-fence).
     async fn attempt_fence(&self) -> Result<(), AttemptError> {
         let polled = self.snapshot;
-        let unreadable = |cause: String| AttemptError::FenceUnreadable {
-            task_id: polled.task_id.clone(),
-            cause,
+        let unreadable = |cause: String| {
+            AttemptError::AttemptFence(FenceRefusal::Unconfirmed {
+                task_id: polled.task_id.clone(),
+                cause,
+            })
         };
         let fresh = self
             .broker
@@ -372,19 +377,13 @@ impl Attempt<'_> {
             .await
             .map_err(|e| unreadable(e.to_string()))?;
         let fresh = AttemptSnapshot::from_task(&fresh).map_err(|e| unreadable(e.to_string()))?;
-        let same = fresh.status == "IN_PROGRESS"
-            && fresh.workflow_instance_id == polled.workflow_instance_id
-            && fresh.task_id == polled.task_id
-            && fresh.retry_count == polled.retry_count
-            && fresh.worker_id.as_deref() == Some(self.broker.settings.worker_id.as_str())
-            && (polled.poll_count.is_none() || fresh.poll_count == polled.poll_count);
-        if same {
+        if still_current(polled, &fresh, &self.broker.settings.worker_id) {
             Ok(())
         } else {
             info!(phase = "fence", status = %fresh.status, "stale attempt");
-            Err(AttemptError::Stale {
+            Err(AttemptError::AttemptFence(FenceRefusal::NotCurrent {
                 task_id: polled.task_id.clone(),
-            })
+            }))
         }
     }
 
@@ -476,11 +475,11 @@ impl Attempt<'_> {
         if head == base.base {
             Ok(())
         } else {
-            Err(AttemptError::HeadMoved {
+            Err(AttemptError::HeadMoved(FenceRefusal::Advanced {
                 branch: ws.branch.clone(),
                 input: ws.reference.clone(),
                 head,
-            })
+            }))
         }
     }
 
@@ -537,15 +536,35 @@ impl Attempt<'_> {
                         Ok(reference) => return Ok(reference),
                         Err(e) => AttemptError::Merge(e),
                     };
-                    if error.merge_uncertain() {
-                        warn!(phase = "publish", error = %error, staging_commit = %staged.commit,
-                            "the merge outcome is uncertain; the next attempt's publish fence classifies the branch");
+                    match error.merge_outcome() {
+                        Some(MergeOutcome::Unknown) => {
+                            warn!(phase = "publish", error = %error, staging_commit = %staged.commit,
+                            "the merge outcome is uncertain; the next attempt's publish fence classifies the branch")
+                        }
+                        Some(MergeOutcome::Applied) => {
+                            warn!(phase = "publish", error = %error, staging_commit = %staged.commit,
+                            "lakeFS merged but its answer could not be read; the next attempt's publish fence finds the publication")
+                        }
+                        _ => {}
                     }
                     return Err(error);
                 }
             }
         }
     }
+}
+
+/// The attempt fence's test: a fresh read of the task (`fresh`) still shows the attempt this
+/// worker polled as the running one. The poll count catches Conductor leasing one task id a
+/// second time to this same worker (docs/design.md#attempt-fence); a task polled without one
+/// is compared without it.
+fn still_current(polled: &AttemptSnapshot, fresh: &AttemptSnapshot, worker_id: &str) -> bool {
+    fresh.status == "IN_PROGRESS"
+        && fresh.workflow_instance_id == polled.workflow_instance_id
+        && fresh.task_id == polled.task_id
+        && fresh.retry_count == polled.retry_count
+        && fresh.worker_id.as_deref() == Some(worker_id)
+        && (polled.poll_count.is_none() || fresh.poll_count == polled.poll_count)
 }
 
 /// Cleanup (the cancel phase, docs/design.md#phases): a failure is logged and never changes the outcome.
@@ -599,4 +618,47 @@ fn completion(ws: Option<&WorkspaceRef>, result: Value, sweep: Option<Sweep>) ->
     }
     output.insert("result".into(), result);
     Completion { output, sweep }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn polled() -> AttemptSnapshot {
+        AttemptSnapshot::from_task(&json!({
+            "workflowInstanceId": "wf", "taskId": "t-1", "retryCount": 2, "taskDefName": "d",
+            "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS", "inputData": {},
+            "workerId": "w-1", "pollCount": 1
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_attempt_fence_passes_only_the_attempt_this_worker_still_runs() {
+        let now = polled();
+        assert!(still_current(&now, &polled(), "w-1"));
+        let changed = |change: fn(&mut AttemptSnapshot)| {
+            let mut fresh = polled();
+            change(&mut fresh);
+            still_current(&now, &fresh, "w-1")
+        };
+        // Timed out, cancelled or completed by someone else.
+        assert!(!changed(|f| f.status = "TIMED_OUT".into()));
+        assert!(!changed(|f| f.status = "CANCELED".into()));
+        // A retry of the step is another attempt.
+        assert!(!changed(|f| f.retry_count = 3));
+        // Leased to another worker, or to this one a second time.
+        assert!(!changed(|f| f.worker_id = Some("w-2".into())));
+        assert!(!changed(|f| f.worker_id = None));
+        assert!(!changed(|f| f.poll_count = Some(2)));
+        assert!(!changed(|f| f.task_id = "t-2".into()));
+        assert!(!still_current(&now, &polled(), "w-2"));
+        // A task polled without a poll count is compared without it.
+        let mut without = polled();
+        without.poll_count = None;
+        let mut fresh = polled();
+        fresh.poll_count = Some(7);
+        assert!(still_current(&without, &fresh, "w-1"));
+    }
 }

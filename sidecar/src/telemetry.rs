@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::warn;
 
+use crate::failure::AttemptError;
 use perago_contract::spec::RESERVED_METRIC_LABELS;
 use perago_contract::spec::{ApplicationMetricKind, MetricSpec};
 
@@ -301,7 +302,10 @@ impl Metrics {
             attempt_failures: counter(
                 r,
                 "perago_sidecar_attempt_failures_total",
-                "Attempts that did not complete, by the failure table's row (input, download, pre_guardrail, body, body_error, result, post_guardrail, attempt_fence, publish_fence, stage, head_check, merge, merge_uncertain, local, task, no_slot).",
+                &format!(
+                    "Attempts that did not complete, by the failure table's row ({}).",
+                    AttemptError::LABELS.join(", ")
+                ),
                 &["reason"],
             )?,
             merge_refusals: counter(

@@ -12,4 +12,5 @@ pub mod history;
 pub mod janitor;
 pub mod publication;
 pub mod reference;
+pub mod refusal;
 pub mod staging;

@@ -15,6 +15,7 @@ use perago_lakefs::{Commit, LakeFsClient, LakeFsError};
 use perago_workspace::attempt::AttemptSnapshot;
 use perago_workspace::history::confirm_of;
 use perago_workspace::reference::WorkspaceRef;
+use perago_workspace::refusal::FenceRefusal;
 use perago_workspace::staging;
 
 use crate::workspace::download;
@@ -73,17 +74,12 @@ pub struct PublishBase {
 pub enum FenceError {
     #[error(transparent)]
     LakeFs(#[from] LakeFsError),
-    #[error("{branch} advanced beyond supported publish range ({PUBLISH_RANGE} commits)")]
-    BeyondRange { branch: String },
-    #[error("{branch} no longer contains workspace input ref {input}")]
-    InputGone { branch: String, input: String },
-    /// Something other than this logical task's confirm commits is on top of the input ref.
-    #[error("{branch} advanced from {input} to {head}")]
-    Advanced {
-        branch: String,
-        input: String,
-        head: String,
-    },
+    /// [`FenceRefusal::BeyondRange`], [`FenceRefusal::InputGone`] or
+    /// [`FenceRefusal::Advanced`] (something other than this logical task's confirm commits
+    /// is on top of the input ref); the no-op refusal, [`FenceRefusal::NoOpMoved`], when
+    /// nothing changed.
+    #[error(transparent)]
+    Refused(FenceRefusal),
 }
 
 /// Why the workspace could not be staged.
@@ -118,24 +114,22 @@ pub fn classify(
             supersedes: None,
         });
     }
+    let beyond_range = || {
+        FenceError::Refused(FenceRefusal::BeyondRange {
+            branch: branch.to_owned(),
+            commits: PUBLISH_RANGE,
+        })
+    };
     let reached = history.iter().position(|c| c.id == input_ref);
     let range = match reached {
         Some(i) if i <= PUBLISH_RANGE => &history[..i],
-        Some(_) => {
-            return Err(FenceError::BeyondRange {
-                branch: branch.to_owned(),
-            });
-        }
-        None if history.len() > PUBLISH_RANGE || more => {
-            return Err(FenceError::BeyondRange {
-                branch: branch.to_owned(),
-            });
-        }
+        Some(_) => return Err(beyond_range()),
+        None if history.len() > PUBLISH_RANGE || more => return Err(beyond_range()),
         None => {
-            return Err(FenceError::InputGone {
+            return Err(FenceError::Refused(FenceRefusal::InputGone {
                 branch: branch.to_owned(),
                 input: input_ref.to_owned(),
-            });
+            }));
         }
     };
     let same_task = |c: &Commit| confirm_of(c) == Some(logical_key);
@@ -145,11 +139,11 @@ pub fn classify(
             supersedes: Some(head.to_owned()),
         })
     } else {
-        Err(FenceError::Advanced {
+        Err(FenceError::Refused(FenceRefusal::Advanced {
             branch: branch.to_owned(),
             input: input_ref.to_owned(),
             head: head.to_owned(),
-        })
+        }))
     }
 }
 

@@ -1,0 +1,54 @@
+//! What every part of the reconcile shares: the context (clients, caches, defaults), the
+//! reconcile's error, and which Conductor a task belongs to. The controller and the scaler
+//! both use it; neither imports the other's internals.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube::runtime::events::Recorder;
+
+use perago_api::PeragoTask;
+
+use crate::conductor::{ConductorError, Conductors};
+use crate::owned::Owned;
+use crate::render::Defaults;
+
+pub struct Context {
+    pub client: Client,
+    pub conductor: Conductors,
+    /// The task's `spec.conductor.url` wins over the default in `defaults`.
+    pub defaults: Defaults,
+    pub recorder: Recorder,
+    /// How often a healthy task is looked at again (drift of the TaskDef in Conductor, queue
+    /// depth of autoscaled tasks).
+    pub resync: Duration,
+    pub metrics: Arc<crate::telemetry::Metrics>,
+    /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
+    pub recommendations:
+        std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
+    /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
+    pub pods_http: reqwest::Client,
+    /// Queue sizes of every Conductor, read every few seconds.
+    pub queues: crate::queues::QueueWatch,
+    /// The executor pods, Deployments and ConfigMaps, as the watches keep them.
+    pub owned: Owned,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Conductor(#[from] ConductorError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing the finalizer failed, or the apply or cleanup inside it did.
+    #[error(transparent)]
+    Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("the watch of the executor pods, Deployments and ConfigMaps stopped")]
+    WatchStopped,
+}
+
+/// The Conductor a task registers with: its own `spec.conductor.url`, else the default.
+pub fn conductor_url(task: &PeragoTask, ctx: &Context) -> String {
+    crate::render::conductor_url(task, &ctx.defaults)
+}

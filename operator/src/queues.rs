@@ -1,0 +1,58 @@
+//! The latest queue sizes of each Conductor, as the queue watch (`scaling::watch_queues`)
+//! reads them: the reconciles read their task's queue from here while it is fresh.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Queue name to size, as Conductor's `/tasks/queue/all` answers, and when it was read.
+type QueueRead = (Instant, HashMap<String, i64>);
+
+/// The latest queue sizes of each Conductor, read by `scaling::watch_queues` every `period`.
+pub struct QueueWatch {
+    /// `None`: the watch is off, and each reconcile asks for its task's queue.
+    pub period: Option<Duration>,
+    /// Per Conductor base URL.
+    sizes: Mutex<HashMap<String, QueueRead>>,
+}
+
+impl QueueWatch {
+    pub fn new(period: Option<Duration>) -> Self {
+        Self {
+            period,
+            sizes: Mutex::default(),
+        }
+    }
+
+    /// The queue's size from a read no older than two periods.
+    pub fn fresh(&self, base: &str, queue: &str) -> Option<i64> {
+        let period = self.period?;
+        let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, sizes) = sizes.get(base)?;
+        (at.elapsed() <= 2 * period).then(|| sizes.get(queue).copied().unwrap_or(0))
+    }
+
+    pub fn record(&self, base: &str, sizes: HashMap<String, i64>) {
+        self.sizes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(base.to_owned(), (Instant::now(), sizes));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_sizes_expire_after_two_periods() {
+        let watch = QueueWatch::new(Some(Duration::from_millis(20)));
+        watch.record("c", HashMap::from([("a".to_owned(), 3)]));
+        assert_eq!(watch.fresh("c", "a"), Some(3));
+        assert_eq!(watch.fresh("c", "b"), Some(0), "absent queue is empty");
+        assert_eq!(watch.fresh("other", "a"), None);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(watch.fresh("c", "a"), None);
+        assert_eq!(QueueWatch::new(None).fresh("c", "a"), None, "watch off");
+    }
+}
