@@ -9,10 +9,10 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use perago_contract::contract::{CONTRACT_VERSION, TaskContract};
+use perago_contract::contract::{CONTRACT_VERSION, ContractWorkspace, TaskContract};
 
 use crate::broker::{Broker, TaskRuntime};
-use crate::config::Settings;
+use crate::config::{RuntimeSettings, Settings};
 use crate::execution;
 use crate::input::Schemas;
 use crate::otlp::{self, Exporter};
@@ -104,53 +104,9 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     std::sync::LazyLock::force(&STARTED);
     let contract = read_contract(&settings.contract)?;
     let schemas = Schemas::compile(&contract).map_err(|e| StartError(e.to_string()))?;
-    // The lakeFS client and limits of a workspace task; the sweep and the hard-fence watch
-    // are added once Conductor and the metrics exist.
-    let workspace = match (&contract.workspace, &checked.lakefs) {
-        (None, _) => None,
-        (Some(_), None) => {
-            return Err(StartError(
-                "LakeFS config is required for workspace tasks".into(),
-            ));
-        }
-        (Some(spec), Some(l)) => {
-            let client = LakeFsClient::new(
-                &l.endpoint,
-                &l.access_key_id,
-                &l.secret_access_key,
-                l.timeout,
-            )
-            .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
-            // A publish budget bounds the merge; otherwise the sidecar's default does.
-            let merge_timeout = contract
-                .publish_budget
-                .as_ref()
-                .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
-                .map_or(l.merge_timeout, Duration::from_secs);
-            let limits = TransferLimits {
-                fault: l.fault,
-                parallelism: l.parallelism,
-                object_timeout: l.transfer_timeout,
-                merge_timeout,
-            };
-            Some((
-                spec.clone(),
-                client,
-                limits,
-                l.staging_sweep,
-                l.staging_gone_after,
-            ))
-        }
-    };
+    let workspace = workspace_parts(&contract, &checked)?;
     let work_dir = settings.work_dir.clone();
-    std::fs::create_dir_all(&work_dir)
-        .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
-    let swept = execution::sweep(&work_dir)
-        .map_err(|e| StartError(format!("{} is not writable: {e}", work_dir.display())))?;
-    info!(
-        removed_count = swept,
-        "swept abandoned attempt workspaces at startup"
-    );
+    prepare_work_dir(&work_dir)?;
 
     let metrics = Arc::new(
         Metrics::new(
@@ -168,20 +124,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         )
         .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
     );
-    match conductor.task_def(&contract.task_name).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            return Err(StartError(format!(
-                "Conductor TaskDef '{}' is not registered; run perago extract and register it before start",
-                contract.task_name
-            )));
-        }
-        Err(e) => {
-            return Err(StartError(format!(
-                "failed to validate Conductor TaskDef: {e}"
-            )));
-        }
-    }
+    require_task_def(&conductor, &contract.task_name).await?;
 
     let hub = RunnerHub::new(contract.slots, Arc::clone(&metrics));
     let socket = work_dir.join(SOCKET_NAME);
@@ -205,47 +148,10 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         conductor = %checked.conductor_url,
         "sidecar started"
     );
-    let exporter = match checked.otlp.clone() {
-        Some(config) => {
-            let endpoint = config.endpoint.clone();
-            let exporter = Arc::new(
-                Exporter::new(config)
-                    .map_err(|e| StartError(format!("building the OTLP exporter failed: {e}")))?,
-            );
-            let task = tokio::spawn(export_periodically(
-                Arc::clone(&exporter),
-                Arc::clone(&metrics),
-                checked.instance_id.clone(),
-            ));
-            info!(endpoint = %endpoint, interval_ms = exporter.interval().as_millis() as u64, "exporting task metrics over OTLP");
-            Some((exporter, task))
-        }
-        None => None,
-    };
+    let exporter = start_exporter(&checked, &metrics)?;
     let runtime = match workspace {
         None => TaskRuntime::WorkspaceFree,
-        Some((spec, lakefs, limits, sweep_period, gone_after)) => {
-            // Only tasks that publish make staging branches and need the fence.
-            let writable = !spec.read_only;
-            let staging_sweep = sweep_period.filter(|_| writable).map(|period| {
-                let sweep = StagingSweep::new(&contract.task_name, period, gone_after);
-                tokio::spawn(Arc::clone(&sweep).run(
-                    lakefs.clone(),
-                    Arc::clone(&conductor),
-                    metrics.staging_branches_swept.clone(),
-                ));
-                sweep
-            });
-            let hard_fence = writable
-                .then(|| HardFenceWatch::new(lakefs.clone(), metrics.hard_fence_installed.clone()));
-            TaskRuntime::Workspace(Box::new(WorkspaceRuntime {
-                spec,
-                lakefs,
-                limits,
-                staging_sweep,
-                hard_fence,
-            }))
-        }
+        Some(parts) => parts.runtime(&contract.task_name, &conductor, &metrics),
     };
     let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
@@ -272,6 +178,141 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
             .await;
     }
     Ok(())
+}
+
+/// What a workspace task needs besides Conductor and the metrics: the sweep and the
+/// hard-fence watch are added by [`WorkspaceParts::runtime`] once those exist.
+struct WorkspaceParts {
+    spec: ContractWorkspace,
+    lakefs: LakeFsClient,
+    limits: TransferLimits,
+    sweep_period: Option<Duration>,
+    gone_after: Duration,
+}
+
+/// The lakeFS client and limits of a workspace task (`None` for a workspace-free one).
+fn workspace_parts(
+    contract: &TaskContract,
+    checked: &RuntimeSettings,
+) -> Result<Option<WorkspaceParts>, StartError> {
+    let (spec, l) = match (&contract.workspace, &checked.lakefs) {
+        (None, _) => return Ok(None),
+        (Some(_), None) => {
+            return Err(StartError(
+                "LakeFS config is required for workspace tasks".into(),
+            ));
+        }
+        (Some(spec), Some(l)) => (spec, l),
+    };
+    let lakefs = LakeFsClient::new(
+        &l.endpoint,
+        &l.access_key_id,
+        &l.secret_access_key,
+        l.timeout,
+    )
+    .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
+    // A publish budget bounds the merge; otherwise the sidecar's default does.
+    let merge_timeout = contract
+        .publish_budget
+        .as_ref()
+        .and_then(|b| u64::try_from(b.lakefs_merge_timeout_seconds).ok())
+        .map_or(l.merge_timeout, Duration::from_secs);
+    Ok(Some(WorkspaceParts {
+        spec: spec.clone(),
+        lakefs,
+        limits: TransferLimits {
+            fault: l.fault,
+            parallelism: l.parallelism,
+            object_timeout: l.transfer_timeout,
+            merge_timeout,
+        },
+        sweep_period: l.staging_sweep,
+        gone_after: l.staging_gone_after,
+    }))
+}
+
+impl WorkspaceParts {
+    /// The workspace runtime, with the staging sweep started and the hard-fence watch made
+    /// for tasks that publish (only they make staging branches and need the fence).
+    fn runtime(
+        self,
+        task_name: &str,
+        conductor: &Arc<ConductorClient>,
+        metrics: &Metrics,
+    ) -> TaskRuntime {
+        let writable = !self.spec.read_only;
+        let staging_sweep = self.sweep_period.filter(|_| writable).map(|period| {
+            let sweep = StagingSweep::new(task_name, period, self.gone_after);
+            tokio::spawn(Arc::clone(&sweep).run(
+                self.lakefs.clone(),
+                Arc::clone(conductor),
+                metrics.staging_branches_swept.clone(),
+            ));
+            sweep
+        });
+        let hard_fence = writable.then(|| {
+            HardFenceWatch::new(self.lakefs.clone(), metrics.hard_fence_installed.clone())
+        });
+        TaskRuntime::Workspace(Box::new(WorkspaceRuntime {
+            spec: self.spec,
+            lakefs: self.lakefs,
+            limits: self.limits,
+            staging_sweep,
+            hard_fence,
+        }))
+    }
+}
+
+/// Make the work volume's directory and remove the execution directories an earlier sidecar
+/// of this pod left.
+fn prepare_work_dir(work_dir: &Path) -> Result<(), StartError> {
+    let unwritable =
+        |e: std::io::Error| StartError(format!("{} is not writable: {e}", work_dir.display()));
+    std::fs::create_dir_all(work_dir).map_err(unwritable)?;
+    let swept = execution::sweep(work_dir).map_err(unwritable)?;
+    info!(
+        removed_count = swept,
+        "swept abandoned attempt workspaces at startup"
+    );
+    Ok(())
+}
+
+/// The task's TaskDef must be registered before the sidecar polls for it.
+async fn require_task_def(conductor: &ConductorClient, task_name: &str) -> Result<(), StartError> {
+    match conductor.task_def(task_name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(StartError(format!(
+            "Conductor TaskDef '{task_name}' is not registered; run perago extract and register it before start"
+        ))),
+        Err(e) => Err(StartError(format!(
+            "failed to validate Conductor TaskDef: {e}"
+        ))),
+    }
+}
+
+/// The OTLP exporter and the task that exports every interval.
+type Export = (Arc<Exporter>, tokio::task::JoinHandle<()>);
+
+/// The OTLP export of the task metrics, when configured.
+fn start_exporter(
+    checked: &RuntimeSettings,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Export>, StartError> {
+    let Some(config) = checked.otlp.clone() else {
+        return Ok(None);
+    };
+    let endpoint = config.endpoint.clone();
+    let exporter = Arc::new(
+        Exporter::new(config)
+            .map_err(|e| StartError(format!("building the OTLP exporter failed: {e}")))?,
+    );
+    let task = tokio::spawn(export_periodically(
+        Arc::clone(&exporter),
+        Arc::clone(metrics),
+        checked.instance_id.clone(),
+    ));
+    info!(endpoint = %endpoint, interval_ms = exporter.interval().as_millis() as u64, "exporting task metrics over OTLP");
+    Ok(Some((exporter, task)))
 }
 
 static STARTED: std::sync::LazyLock<SystemTime> = std::sync::LazyLock::new(SystemTime::now);

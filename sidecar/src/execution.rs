@@ -13,12 +13,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::failure::{AttemptError, BodyError, FileError};
+use crate::failure::{AttemptError, BodyError, FileError, LocalError};
 use crate::input::Schemas;
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
 use perago_contract::protocol::{env, files};
-use perago_contract::text::clip_path;
 use perago_workspace::attempt::AttemptSnapshot;
 
 /// Name of the attempt marker, kept in the execution directory beside (never inside) the
@@ -134,11 +133,10 @@ pub async fn run_body(
     workspace: Option<&Path>,
 ) -> Result<Value, AttemptError> {
     let params_path = dir.file(files::PARAMS);
-    let text = serde_json::to_vec(params)
-        .map_err(|e| AttemptError::Local(format!("serialising params failed: {e}")))?;
-    write_params(&params_path, text).await.map_err(|e| {
-        AttemptError::Local(format!("writing {} failed: {e}", clip_path(&params_path)))
-    })?;
+    let text = serde_json::to_vec(params).map_err(LocalError::Params)?;
+    write_params(&params_path, text)
+        .await
+        .map_err(|e| LocalError::from(FileError::new("writing", &params_path, e)))?;
     let mut vars = BTreeMap::new();
     let mut put = |k: &str, v: String| {
         vars.insert(k.to_owned(), v);
@@ -276,9 +274,11 @@ impl BodyFiles {
         .await;
         read.unwrap_or_else(|e| {
             let stopped = || {
-                Err(AttemptError::Local(format!(
-                    "reading the body's files stopped: {e}"
-                )))
+                Err(LocalError::Stopped {
+                    what: "reading the body's files",
+                    cause: e.to_string(),
+                }
+                .into())
             };
             Self {
                 metrics: stopped(),
@@ -293,10 +293,7 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, AttemptError> {
     match std::fs::read(path) {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(AttemptError::Local(format!(
-            "reading {} failed: {e}",
-            clip_path(path)
-        ))),
+        Err(e) => Err(LocalError::from(FileError::new("reading", path, e)).into()),
     }
 }
 

@@ -41,6 +41,23 @@ impl FileError {
     }
 }
 
+/// What went wrong on the pod's own disk, in the execution directory or the workspace.
+#[derive(Debug, Error)]
+pub enum LocalError {
+    #[error("preparing the execution directory failed: {0}")]
+    ExecutionDirectory(FileError),
+    /// Creating, writing or reading one file or directory.
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("serialising params failed: {0}")]
+    Params(serde_json::Error),
+    #[error("reading the workspace failed: {0}")]
+    Workspace(std::io::Error),
+    /// A task on the blocking pool ended without an answer (a panic, or the runtime stopping).
+    #[error("{what} stopped: {cause}")]
+    Stopped { what: &'static str, cause: String },
+}
+
 #[derive(Debug, Error)]
 pub enum AttemptError {
     /// The polled task lacks a field the attempt needs.
@@ -53,8 +70,8 @@ pub enum AttemptError {
     #[error(transparent)]
     Input(InputError),
     /// The execution directory, or a file the sidecar writes or reads in it.
-    #[error("{0}")]
-    Local(String),
+    #[error(transparent)]
+    Local(#[from] LocalError),
     /// Listing or fetching the input ref, or projecting it into the workspace.
     #[error(transparent)]
     Download(#[from] DownloadError),

@@ -30,7 +30,7 @@ use perago_workspace::staging::StagingBranch;
 use crate::broker::{Broker, TaskRuntime};
 use crate::config::FaultPoint;
 use crate::execution::{self, Dispatch, ExecutionDir};
-use crate::failure::AttemptError;
+use crate::failure::{AttemptError, FileError, LocalError};
 use crate::input;
 use crate::runner::Lease;
 use crate::workspace::guardrails::GuardrailError;
@@ -220,7 +220,7 @@ impl Attempt<'_> {
             self.execution_id,
             &self.slot_worker_id(),
         )
-        .map_err(|e| AttemptError::Local(format!("preparing the execution directory failed: {e}")))
+        .map_err(|e| LocalError::ExecutionDirectory(e).into())
     }
 
     fn slot_worker_id(&self) -> String {
@@ -235,12 +235,9 @@ impl Attempt<'_> {
         ws: &WorkspaceRef,
     ) -> Result<PathBuf, AttemptError> {
         let root = dir.file(files::WORKSPACE);
-        tokio::fs::create_dir(&root).await.map_err(|e| {
-            AttemptError::Local(format!(
-                "creating {} failed: {e}",
-                perago_contract::text::clip_path(&root)
-            ))
-        })?;
+        tokio::fs::create_dir(&root)
+            .await
+            .map_err(|e| LocalError::from(FileError::new("creating", &root, e)))?;
         let _timer = self.metrics().time_phase("download");
         let started = Instant::now();
         let downloaded = download::download(
@@ -301,8 +298,11 @@ impl Attempt<'_> {
         let root = root.to_owned();
         tokio::task::spawn_blocking(move || snapshot::take(&root))
             .await
-            .map_err(|e| AttemptError::Local(format!("a workspace scan stopped: {e}")))?
-            .map_err(|e| AttemptError::Local(format!("reading the workspace failed: {e}")))
+            .map_err(|e| LocalError::Stopped {
+                what: "a workspace scan",
+                cause: e.to_string(),
+            })?
+            .map_err(|e| LocalError::Workspace(e).into())
     }
 
     /// Run the body once on the validated params and read its result.

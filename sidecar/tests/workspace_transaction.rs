@@ -1306,8 +1306,10 @@ async fn an_unreachable_lakefs_fails_the_attempt_naming_the_call() {
     assert_eq!(t["status"], "FAILED", "{wf}\n{}", pod.log());
     let reason = t["reasonForIncompletion"].as_str().unwrap();
     assert!(
-        reason.starts_with(&format!("lakeFS list objects on {repo}@{input} failed: "))
-            && reason.contains("Connection refused"),
+        // Nothing listens: the reason says the request never went out.
+        reason.starts_with(&format!(
+            "lakeFS list objects on {repo}@{input} could not be sent: "
+        )) && reason.contains("Connection refused"),
         "the reason names the call, the repository and ref, and the cause: {reason}"
     );
     assert!(!pod.path("ran").exists(), "the body never ran");
@@ -1420,8 +1422,9 @@ async fn a_long_reason_keeps_its_cause() {
     assert_eq!(t["status"], "FAILED", "{wf}");
     let reason = t["reasonForIncompletion"].as_str().unwrap();
     assert!(
-        reason.starts_with(&format!("lakeFS list objects on {repo}@{input} failed: "))
-            && reason.ends_with("Connection refused (os error 111)"),
+        reason.starts_with(&format!(
+            "lakeFS list objects on {repo}@{input} could not be sent: "
+        )) && reason.ends_with("Connection refused (os error 111)"),
         "the cause survives: {reason}"
     );
     // Not "ddd": the input commit's id is hexadecimal and may hold that.

@@ -3,28 +3,41 @@
 //! Starts the real servers, prints (and optionally writes) the environment a client needs,
 //! and keeps them running until interrupted (Ctrl-C or SIGTERM), then stops them all.
 
-use anyhow::{Context, Result, bail};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
 use perago_e2e::{Selection, Services};
+
+#[derive(Parser)]
+#[command(
+    name = "perago-e2e",
+    about = "The project's real servers for tests and local use"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the servers, print their environment, and keep them until Ctrl-C or SIGTERM.
+    Up {
+        /// Which servers: `all`, or a comma-separated list of conductor, lakefs, kube, node.
+        #[arg(long, default_value = "all", value_parser = Selection::parse)]
+        services: Selection,
+        /// Also write the environment to this file (removed when the servers stop).
+        #[arg(long)]
+        env_file: Option<PathBuf>,
+    },
+}
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let (mut selection, mut env_file) = (Selection::ALL, None);
-    match args.next().as_deref() {
-        Some("up") => {}
-        _ => bail!(
-            "usage: perago-e2e up [--services all|conductor,lakefs,kube,node] [--env-file FILE]"
-        ),
-    }
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--services" => {
-                selection = Selection::parse(&args.next().context("--services needs a value")?)?
-            }
-            "--env-file" => env_file = Some(args.next().context("--env-file needs a value")?),
-            other => bail!("unknown argument '{other}'"),
-        }
-    }
+    let Command::Up {
+        services: selection,
+        env_file,
+    } = Cli::parse().command;
     let services = Services::start(selection).await?;
     let text: String = services
         .env()
@@ -33,7 +46,7 @@ async fn main() -> Result<()> {
         .collect();
     print!("{text}");
     if let Some(path) = &env_file {
-        std::fs::write(path, &text).with_context(|| format!("writing {path}"))?;
+        std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
     }
     eprintln!(
         "[e2e] servers running (state in {}); stop with Ctrl-C or SIGTERM",
