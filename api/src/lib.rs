@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod manifest;
+pub mod pod;
 pub mod schema;
 pub mod task;
 pub mod taskdef;

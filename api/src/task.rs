@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, SecurityContext, Toleration,
+    EnvFromSource, EnvVar, HostAlias, LocalObjectReference, ResourceRequirements, SecurityContext,
+    Toleration, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
@@ -142,6 +143,14 @@ pub(crate) fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::S
     schemars::json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Schema of a list of arbitrary JSON objects kept verbatim by the apiserver.
+pub(crate) fn free_form_objects(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
     })
 }
 
@@ -323,9 +332,21 @@ pub struct ExecutorSpec {
     /// operator owns `replicas` (do not also point an HPA at this PeragoTask).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingSpec>,
-    /// Size limit of the shared `perago-work` volume (default 10Gi).
+    /// Size limit of the shared `perago-work` volume (default 10Gi). The same as
+    /// `workVolume.emptyDir.sizeLimit`; set one of the two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub work_volume_size_limit: Option<Quantity>,
+    /// The shared `perago-work` volume: an emptyDir (the default), or a generic ephemeral
+    /// volume, a PersistentVolumeClaim per pod from a storage class, for workspaces larger than
+    /// a node's disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_volume: Option<WorkVolume>,
+    /// Pod-level settings merged into every executor pod: metadata, placement, priority,
+    /// runtime class, DNS, volumes and the body's mounts of them (docs/executor-pods.md).
+    /// Checked by the operator; what it owns (its containers, the work volume and its mount,
+    /// the labels it selects on) cannot be set here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +358,103 @@ pub struct ExecutorSpec {
     /// Overrides for the sidecar container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar: Option<SidecarOverrides>,
+}
+
+/// The work volume: exactly one of `emptyDir` and `ephemeral` (none: an emptyDir).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!(has(self.emptyDir) && has(self.ephemeral))").message("workVolume: set emptyDir or ephemeral, not both"))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkVolume {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<WorkEmptyDir>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<WorkEphemeral>,
+}
+
+/// An emptyDir on the node's disk, or in memory (counted against the pod's memory limit).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkEmptyDir {
+    /// Default 10Gi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<Quantity>,
+    /// `Memory` for a tmpfs; unset for the node's disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub medium: Option<WorkMedium>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum WorkMedium {
+    Memory,
+}
+
+/// A generic ephemeral volume: Kubernetes makes a PersistentVolumeClaim for each pod and
+/// deletes it with the pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkEphemeral {
+    /// The claim's storage class (the cluster's default class when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// The storage requested.
+    pub size: Quantity,
+    /// Default `[ReadWriteOnce]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access_modes: Vec<String>,
+}
+
+/// Pod-level settings for the executor pods. The fields that hold Kubernetes objects (affinity,
+/// topology spread constraints, the pod security context, volumes, the DNS config) are kept as
+/// given by the API server and checked by the operator against the Kubernetes types, which
+/// keeps the CRD small (ADR 0017).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplate {
+    /// Labels and annotations added to each pod (cost allocation, mesh injection, agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<PodMetadata>,
+    /// A Kubernetes `Affinity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::task::free_form_object")]
+    pub affinity: Option<Map<String, Value>>,
+    /// Kubernetes `TopologySpreadConstraint`s.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::task::free_form_objects")]
+    pub topology_spread_constraints: Vec<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// For example gVisor's or Kata's RuntimeClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    /// A Kubernetes `PodSecurityContext`; replaces the operator's (non-root user 65532, group
+    /// 65532, RuntimeDefault seccomp) as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::task::free_form_object")]
+    pub security_context: Option<Map<String, Value>>,
+    /// Kubernetes `Volume`s for the body (ConfigMaps, Secrets, PVCs, CSI volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::task::free_form_objects")]
+    pub volumes: Vec<Map<String, Value>>,
+    /// Mounts of `volumes` into the body container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_aliases: Vec<HostAlias>,
+    /// A Kubernetes `PodDNSConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::task::free_form_object")]
+    pub dns_config: Option<Map<String, Value>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodMetadata {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 fn default_slots() -> i32 {

@@ -325,5 +325,6 @@ fn check_executor(spec: &PeragoTaskSpec) -> Result<(), FieldError> {
             ));
         }
     }
+    crate::pod::check(e)?;
     Ok(())
 }

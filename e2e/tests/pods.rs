@@ -419,6 +419,145 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
 }
 
 /// Poll `kubectl logs` of a container until it holds `needle`.
+/// A platform team's pod template on the real node: node affinity to a label the node carries,
+/// a PriorityClass, a pod annotation, a ConfigMap the body reads and publishes, and an
+/// in-memory work volume. A template that takes the operator's work volume is refused at
+/// `kubectl apply` naming the field.
+#[tokio::test]
+async fn a_pod_template_places_the_pod_and_gives_the_body_its_volumes() {
+    let Some((services, cluster)) =
+        cluster("a_pod_template_places_the_pod_and_gives_the_body_its_volumes").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-template", "template");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .kubectl(&[
+            "label",
+            "node",
+            perago_e2e::node::NODE_NAME,
+            "perago-e2e/pool=reference",
+            "--overwrite",
+        ])
+        .unwrap();
+    cluster
+        .apply(
+            &json!({
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "perago-e2e-batch"}, "value": 1000,
+            })
+            .to_string(),
+        )
+        .unwrap();
+    cluster
+        .apply(
+            &json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "reference-data", "namespace": namespace},
+                "data": {"lookup.txt": "from the reference ConfigMap\n"},
+            })
+            .to_string(),
+        )
+        .unwrap();
+    let template = json!({"executor": {
+        "workVolume": {"emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        "podTemplate": {
+            "metadata": {"annotations": {"example.com/cost-center": "4711"}},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "perago-e2e/pool", "operator": "In", "values": ["reference"]}]}]}}},
+            "priorityClassName": "perago-e2e-batch",
+            "volumes": [{"name": "reference", "configMap": {"name": "reference-data"}}],
+            "volumeMounts": [{"name": "reference", "mountPath": "/reference", "readOnly": true}],
+        },
+    }});
+    let body = r#"
+set -eu
+cp /reference/lookup.txt "$PERAGO_WORKSPACE/lookup.txt"
+printf '{"files": 1}' > "$PERAGO_RESULT"
+"#;
+    cluster
+        .apply(&workspace_task_with(namespace, name, body, &template))
+        .unwrap();
+    let ready = cluster.wait_ready(namespace, name);
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name).await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+    if let Err(e) = ready {
+        let describe = cluster
+            .kubectl(&["describe", "pod", "-n", namespace, &pod_name])
+            .unwrap_or_default();
+        panic!("{e:#}\n{describe}");
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods.get(&pod_name).await.unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(
+        (spec.priority_class_name.as_deref(), spec.priority),
+        (Some("perago-e2e-batch"), Some(1000)),
+        "the API server resolved the PriorityClass"
+    );
+    assert_eq!(
+        pod.metadata.annotations.as_ref().unwrap()["example.com/cost-center"],
+        "4711"
+    );
+    assert_eq!(
+        spec.node_name.as_deref(),
+        Some(perago_e2e::node::NODE_NAME),
+        "scheduled onto the labelled node"
+    );
+    let work = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "perago-work")
+        .unwrap();
+    assert_eq!(
+        work.empty_dir.as_ref().unwrap().medium.as_deref(),
+        Some("Memory")
+    );
+
+    let (lake, repository, input_ref) = seeded(services, "pods-template").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "template",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
+    let finished = conductor.finished(&workflow).await;
+    let step = &finished["tasks"][0];
+    assert_eq!(step["status"], "COMPLETED", "{step}");
+    let head = step["outputData"]["workspace"]["ref"].as_str().unwrap();
+    assert_eq!(
+        lake.object(&repository, head, "data/lookup.txt")
+            .await
+            .unwrap(),
+        "from the reference ConfigMap\n",
+        "the body read the template's volume and published what it found"
+    );
+
+    // A template that takes the operator's work volume never reaches the cluster.
+    let clash = json!({"executor": {"podTemplate": {
+        "volumes": [{"name": "perago-work", "emptyDir": {}}],
+    }}});
+    let refused = cluster
+        .apply(&workspace_task_with(namespace, "clash", body, &clash))
+        .unwrap_err();
+    assert!(
+        format!("{refused:#}").contains(
+            "spec.executor.podTemplate.volumes[0].name: perago-work is the operator's volume"
+        ),
+        "{refused:#}"
+    );
+    let _ = cluster.kubectl(&["delete", "priorityclass", "perago-e2e-batch"]);
+}
+
 async fn wait_for_log(
     cluster: &Cluster,
     namespace: &str,

@@ -1,7 +1,8 @@
 //! What the operator creates for a PeragoTask: the ConfigMap holding the sidecar's task
 //! contract, and the executor Deployment (init container installing `perago-runner`, the
 //! sidecar as a native sidecar, the body wrapped by the runner, the shared `perago-work`
-//! emptyDir). Pure functions of the PeragoTask and the operator's defaults.
+//! volume, and what the task's pod template adds). Pure functions of the PeragoTask and the
+//! operator's defaults.
 
 use std::collections::BTreeMap;
 
@@ -10,9 +11,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    EnvVar, EnvVarSource, EphemeralVolumeSource, HTTPGetAction, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, Volume, VolumeMount,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -20,17 +22,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
 use perago_api::contract::TaskContract;
-use perago_api::task::BodyContainer;
+use perago_api::pod;
+use perago_api::task::{BodyContainer, ExecutorSpec};
 use perago_api::{PeragoTask, PeragoTaskSpec};
 
-/// Where the shared volume is mounted in both containers.
-pub const WORK_DIR: &str = "/perago-work";
-pub const CONTRACT_DIR: &str = "/etc/perago";
+pub use perago_api::pod::{CONTRACT_DIR, CONTRACT_HASH_ANNOTATION, TASK_LABEL, WORK_DIR};
 pub const CONTRACT_KEY: &str = "contract.json";
 pub const METRICS_PORT: i32 = 9464;
-/// Label every object of a task carries; the Deployment selects its pods by it.
-pub const TASK_LABEL: &str = "perago.io/task";
-pub const CONTRACT_HASH_ANNOTATION: &str = "perago.io/contract-hash";
 
 /// Cluster-wide defaults of the operator (flags of `perago-operator run`).
 #[derive(Clone, Debug)]
@@ -163,7 +161,7 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 
 fn work_mount() -> VolumeMount {
     VolumeMount {
-        name: "perago-work".into(),
+        name: pod::WORK_VOLUME.into(),
         mount_path: WORK_DIR.into(),
         ..VolumeMount::default()
     }
@@ -205,9 +203,23 @@ pub fn deployment(
         .clone()
         .unwrap_or_else(|| defaults.sidecar_image.clone());
 
+    // Validated with the task; an unchecked template renders without its additions rather
+    // than with half of them.
+    let parts = pod::check(exec).unwrap_or_default();
     let selector = BTreeMap::from([(TASK_LABEL.to_owned(), name.clone())]);
-    let mut pod_labels = labels(&name);
-    pod_labels.extend(selector.clone());
+    // The template's metadata first, the operator's over it (collisions are refused).
+    let mut pod_labels = parts.labels.clone();
+    pod_labels.extend(labels(&name));
+    let mut annotations = parts.annotations.clone();
+    annotations.extend([
+        (CONTRACT_HASH_ANNOTATION.to_owned(), contract_hash(contract)),
+        (
+            pod::DEFAULT_CONTAINER_ANNOTATION.to_owned(),
+            "body".to_owned(),
+        ),
+    ]);
+    let mut volumes = volumes(task);
+    volumes.extend(parts.volumes);
     Deployment {
         metadata: metadata(task, object_name(task)),
         spec: Some(DeploymentSpec {
@@ -226,13 +238,7 @@ pub fn deployment(
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(BTreeMap::from([
-                        (CONTRACT_HASH_ANNOTATION.to_owned(), contract_hash(contract)),
-                        (
-                            "kubectl.kubernetes.io/default-container".to_owned(),
-                            "body".to_owned(),
-                        ),
-                    ])),
+                    annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -244,10 +250,18 @@ pub fn deployment(
                             sidecar_env(task, contract, defaults, grace),
                         ),
                     ]),
-                    containers: vec![body_container(&exec.body)],
-                    volumes: Some(volumes(task)),
+                    containers: vec![body_container(&exec.body, parts.volume_mounts)],
+                    volumes: Some(volumes),
                     termination_grace_period_seconds: Some(termination),
-                    security_context: Some(pod_security()),
+                    security_context: Some(parts.security_context.unwrap_or_else(pod_security)),
+                    affinity: parts.affinity,
+                    topology_spread_constraints: (!parts.topology_spread_constraints.is_empty())
+                        .then_some(parts.topology_spread_constraints),
+                    priority_class_name: parts.priority_class_name,
+                    runtime_class_name: parts.runtime_class_name,
+                    scheduler_name: parts.scheduler_name,
+                    host_aliases: (!parts.host_aliases.is_empty()).then_some(parts.host_aliases),
+                    dns_config: parts.dns_config,
                     service_account_name: exec.service_account_name.clone(),
                     // Neither container calls the Kubernetes API: no token unless the task
                     // names a ServiceAccount for its body (which then decides).
@@ -400,7 +414,7 @@ fn sidecar_container(
         volume_mounts: Some(vec![
             work_mount(),
             VolumeMount {
-                name: "perago-contract".into(),
+                name: pod::CONTRACT_VOLUME.into(),
                 mount_path: CONTRACT_DIR.into(),
                 read_only: Some(true),
                 ..VolumeMount::default()
@@ -413,8 +427,8 @@ fn sidecar_container(
 }
 
 /// The user's body, started through `perago-runner`, which takes its assignments from the
-/// sidecar.
-fn body_container(body: &BodyContainer) -> Container {
+/// sidecar; `mounts` are the template's, after the operator's.
+fn body_container(body: &BodyContainer, mounts: Vec<VolumeMount>) -> Container {
     let mut command = vec![format!("{WORK_DIR}/bin/perago-runner"), "--".to_owned()];
     command.extend(body.command.iter().cloned());
     command.extend(body.args.iter().cloned());
@@ -428,43 +442,35 @@ fn body_container(body: &BodyContainer) -> Container {
         resources: body.resources.clone(),
         working_dir: body.working_dir.clone(),
         // The root filesystem is read-only: /tmp is a scratch emptyDir of its own.
-        volume_mounts: Some(vec![
-            work_mount(),
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(
+            [
+                work_mount(),
+                VolumeMount {
+                    name: pod::TMP_VOLUME.into(),
+                    mount_path: pod::TMP_DIR.into(),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(mounts)
+            .collect(),
+        ),
         security_context: Some(body.security_context.clone().unwrap_or_else(restricted)),
         ..Container::default()
     }
 }
 
-/// The shared work volume (bounded), the body's /tmp, and the contract ConfigMap.
+/// The shared work volume, the body's /tmp, and the contract ConfigMap.
 fn volumes(task: &PeragoTask) -> Vec<Volume> {
-    let size_limit = task
-        .spec
-        .executor
-        .work_volume_size_limit
-        .clone()
-        .unwrap_or_else(|| quantity("10Gi"));
     vec![
+        work_volume(&task.spec.executor),
         Volume {
-            name: "perago-work".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: None,
-                size_limit: Some(size_limit),
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: "tmp".into(),
+            name: pod::TMP_VOLUME.into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Volume::default()
         },
         Volume {
-            name: "perago-contract".into(),
+            name: pod::CONTRACT_VOLUME.into(),
             config_map: Some(ConfigMapVolumeSource {
                 name: object_name(task),
                 ..ConfigMapVolumeSource::default()
@@ -472,6 +478,50 @@ fn volumes(task: &PeragoTask) -> Vec<Volume> {
             ..Volume::default()
         },
     ]
+}
+
+/// The work volume: an emptyDir bounded at 10Gi unless the task says otherwise, in memory
+/// when asked, or a generic ephemeral volume (a PersistentVolumeClaim per pod).
+fn work_volume(exec: &ExecutorSpec) -> Volume {
+    let work = exec.work_volume.clone().unwrap_or_default();
+    if let Some(e) = work.ephemeral {
+        let access_modes = if e.access_modes.is_empty() {
+            vec!["ReadWriteOnce".to_owned()]
+        } else {
+            e.access_modes
+        };
+        return Volume {
+            name: pod::WORK_VOLUME.into(),
+            ephemeral: Some(EphemeralVolumeSource {
+                volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                    metadata: None,
+                    spec: PersistentVolumeClaimSpec {
+                        access_modes: Some(access_modes),
+                        storage_class_name: e.storage_class_name,
+                        resources: Some(VolumeResourceRequirements {
+                            requests: Some(BTreeMap::from([("storage".to_owned(), e.size)])),
+                            ..VolumeResourceRequirements::default()
+                        }),
+                        ..PersistentVolumeClaimSpec::default()
+                    },
+                }),
+            }),
+            ..Volume::default()
+        };
+    }
+    let empty = work.empty_dir.unwrap_or_default();
+    let size_limit = empty
+        .size_limit
+        .or_else(|| exec.work_volume_size_limit.clone())
+        .unwrap_or_else(|| quantity("10Gi"));
+    Volume {
+        name: pod::WORK_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: empty.medium.map(|_| "Memory".to_owned()),
+            size_limit: Some(size_limit),
+        }),
+        ..Volume::default()
+    }
 }
 
 fn pod_security() -> PodSecurityContext {
@@ -599,6 +649,92 @@ mod tests {
             .map(|m| (m.name.as_str(), m.mount_path.as_str()))
             .collect();
         assert_eq!(mounts, [("perago-work", "/perago-work"), ("tmp", "/tmp")]);
+    }
+
+    #[test]
+    fn the_pod_template_adds_to_what_the_operator_owns() {
+        let t = task(&format!(
+            "{SPEC}{}",
+            r#"    workVolume: {ephemeral: {storageClassName: local-work, size: 50Gi}}
+    podTemplate:
+      metadata: {labels: {team: data}, annotations: {sidecar.istio.io/inject: "false"}}
+      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: pool, operator: In, values: [gpu]}]}]}}}
+      priorityClassName: batch-high
+      runtimeClassName: gvisor
+      securityContext: {runAsNonRoot: true, runAsUser: 1000, fsGroup: 1000}
+      volumes: [{name: models, configMap: {name: reference-data}}]
+      volumeMounts: [{name: models, mountPath: /models, readOnly: true}]
+"#
+        ));
+        let c = contract::render(&t.spec).unwrap();
+        let template = deployment(&t, &c, &defaults(), 1).spec.unwrap().template;
+        let meta = template.metadata.unwrap();
+        let labels = meta.labels.unwrap();
+        assert_eq!(
+            (labels["team"].as_str(), labels[TASK_LABEL].as_str()),
+            ("data", "features-build")
+        );
+        let annotations = meta.annotations.unwrap();
+        assert_eq!(annotations["sidecar.istio.io/inject"], "false");
+        assert!(annotations.contains_key(CONTRACT_HASH_ANNOTATION));
+        let pod = template.spec.unwrap();
+        assert!(pod.affinity.unwrap().node_affinity.is_some());
+        assert_eq!(pod.priority_class_name.as_deref(), Some("batch-high"));
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(pod.security_context.unwrap().run_as_user, Some(1000));
+        let volumes = pod.volumes.unwrap();
+        let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["perago-work", "tmp", "perago-contract", "models"]);
+        let claim = volumes[0].ephemeral.as_ref().unwrap();
+        let spec = &claim.volume_claim_template.as_ref().unwrap().spec;
+        assert_eq!(spec.storage_class_name.as_deref(), Some("local-work"));
+        assert_eq!(
+            spec.access_modes.as_deref(),
+            Some(&["ReadWriteOnce".to_owned()][..])
+        );
+        assert_eq!(
+            spec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"],
+            quantity("50Gi")
+        );
+        let mounts: Vec<_> = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("perago-work", "/perago-work"),
+                ("tmp", "/tmp"),
+                ("models", "/models")
+            ]
+        );
+        let sidecar_mounts = pod.init_containers.unwrap()[1]
+            .volume_mounts
+            .clone()
+            .unwrap();
+        assert!(
+            sidecar_mounts.iter().all(|m| m.name != "models"),
+            "the template's volumes are the body's"
+        );
+
+        let memory = task(&format!(
+            "{SPEC}    workVolume: {{emptyDir: {{medium: Memory, sizeLimit: 2Gi}}}}\n"
+        ));
+        let c = contract::render(&memory.spec).unwrap();
+        let pod = deployment(&memory, &c, &defaults(), 1)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let work = pod.volumes.unwrap()[0].empty_dir.clone().unwrap();
+        assert_eq!(
+            (work.medium.as_deref(), work.size_limit),
+            (Some("Memory"), Some(quantity("2Gi")))
+        );
+        assert_eq!(pod.security_context.unwrap().run_as_user, Some(65532));
     }
 
     #[test]
