@@ -17,6 +17,8 @@ use prometheus::proto::{MetricFamily, MetricType};
 use prost::Message;
 use tracing::{debug, warn};
 
+use perago_contract::setting::given;
+
 /// The export settings (the 0.6.1 variables and defaults).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OtlpConfig {
@@ -56,29 +58,14 @@ impl OtlpConfig {
     /// Parse in 0.6.1's order; `lookup` reads a variable. `None` when no endpoint is set (the
     /// other settings are then ignored, as in 0.6.1).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+        let given = |name: &str| given(name, lookup(name).as_deref());
         for name in FORBIDDEN {
-            match lookup(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-            {
-                Some(v) if v == "replace-me" => {
-                    return Err(format!("{name} must be replaced with a real value"));
-                }
-                Some(_) => return Err(format!("{name} is not supported by Perago metrics v1")),
-                None => {}
+            if given(name)?.is_some() {
+                return Err(format!("{name} is not supported by Perago metrics v1"));
             }
         }
-        let endpoint = match lookup("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-            .map(|v| v.trim().to_owned())
-        {
-            None => return Ok(None),
-            Some(v) if v.is_empty() => return Ok(None),
-            Some(v) if v == "replace-me" => {
-                return Err(
-                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT must be replaced with a real value".into(),
-                );
-            }
-            Some(v) => v,
+        let Some(endpoint) = given("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")? else {
+            return Ok(None);
         };
         let gzip = match lookup("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION")
             .map(|v| v.trim().to_ascii_lowercase())
