@@ -978,15 +978,15 @@ mod tests {
         );
     }
 
+    /// lakeFS's answer `status` with `message` to `call` on lake@main.
+    fn refused(call: &'static str, status: u16, message: &str) -> LakeFsError {
+        Call::new(call, "lake", "main")
+            .refused(StatusCode::from_u16(status).unwrap(), message.into())
+    }
+
     #[test]
     fn transient_answers() {
-        let status = |s: u16, m: &str| LakeFsError::Status {
-            call: "c",
-            repository: "r".into(),
-            reference: "b".into(),
-            status: StatusCode::from_u16(s).unwrap(),
-            message: m.into(),
-        };
+        let status = |s: u16, m: &str| refused("c", s, m);
         assert!(status(429, "").transient());
         assert!(status(503, "").transient());
         assert!(status(500, "branch is currently locked, try again later").transient());
@@ -994,7 +994,7 @@ mod tests {
         assert!(!status(404, "").transient());
         assert_eq!(
             status(404, "branch not found").to_string(),
-            "lakeFS c on r@b failed: HTTP 404 Not Found: branch not found"
+            "lakeFS c on lake@main failed: HTTP 404 Not Found: branch not found"
         );
     }
 
@@ -1002,13 +1002,7 @@ mod tests {
     /// as explain reads it, gives the outcome the error itself names.
     #[test]
     fn merge_outcomes_survive_their_reason_text() {
-        let status = |s: u16, m: &str| LakeFsError::Status {
-            call: "merge",
-            repository: "lake".into(),
-            reference: "main".into(),
-            status: StatusCode::from_u16(s).unwrap(),
-            message: m.into(),
-        };
+        let status = |s: u16, m: &str| refused("merge", s, m);
         let transport = |sent: bool, detail: &str| LakeFsError::Transport {
             call: "merge",
             repository: "lake".into(),
