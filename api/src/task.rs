@@ -154,6 +154,13 @@ pub(crate) fn free_form_objects(_: &mut schemars::SchemaGenerator) -> schemars::
     })
 }
 
+impl PeragoTaskSpec {
+    /// The Conductor task domain the executor pods poll, if any.
+    pub fn domain(&self) -> Option<&str> {
+        self.conductor.as_ref().and_then(|c| c.domain.as_deref())
+    }
+}
+
 /// The workspace a task body gets: a projection of one lakeFS commit under `prefix`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -537,6 +544,16 @@ pub struct ConductorConnection {
     /// Secret with keys `CONDUCTOR_AUTH_KEY` and `CONDUCTOR_AUTH_SECRET`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    /// Task domain the executor pods poll: they serve only the work of workflows that route
+    /// this task type to it (`taskToDomain`), and autoscaling reads the domain's queue.
+    /// PeragoTasks of one task type in several domains share its TaskDef and must render the
+    /// same one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        pattern(r"^[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
+    )]
+    pub domain: Option<String>,
 }
 
 /// lakeFS endpoint and credentials.

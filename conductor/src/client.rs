@@ -314,8 +314,13 @@ impl ConductorClient {
         })
     }
 
-    /// Scheduled tasks waiting in the queue of a task type (in-flight ones are not counted).
-    pub async fn queue_size(&self, task_type: &str) -> Result<i64, ConductorError> {
+    /// Scheduled tasks waiting in the queue of a task type, or of its `domain` (in-flight ones
+    /// are not counted).
+    pub async fn queue_size(
+        &self,
+        task_type: &str,
+        domain: Option<&str>,
+    ) -> Result<i64, ConductorError> {
         let call = Call {
             name: "queue size",
             task_def: Some(task_type),
@@ -323,7 +328,11 @@ impl ConductorClient {
         let url = self.url("/tasks/queue/size");
         let answer = self
             .send(call, self.request_timeout, |h| {
-                h.get(&url).query(&[("taskType", task_type)])
+                let h = h.get(&url).query(&[("taskType", task_type)]);
+                match domain {
+                    Some(domain) => h.query(&[("domain", domain)]),
+                    None => h,
+                }
             })
             .await?;
         answer.as_ref().and_then(Value::as_i64).ok_or_else(|| {
@@ -337,10 +346,12 @@ impl ConductorClient {
 
     // --- Tasks ----------------------------------------------------------------------------
 
-    /// `GET /tasks/poll/batch/{type}`; `wait` is the server-side long poll (at most 5 s).
+    /// `GET /tasks/poll/batch/{type}`, from the queue of `domain` when given; `wait` is the
+    /// server-side long poll (at most 5 s).
     pub async fn batch_poll(
         &self,
         task_type: &str,
+        domain: Option<&str>,
         worker_id: &str,
         count: u32,
         wait: Duration,
@@ -351,11 +362,15 @@ impl ConductorClient {
         let wait_text = wait_ms.to_string();
         let answer = self
             .send(call("batch poll"), self.request_timeout + wait, |h| {
-                h.get(&url).query(&[
+                let h = h.get(&url).query(&[
                     ("workerid", worker_id),
                     ("count", count.as_str()),
                     ("timeout", wait_text.as_str()),
-                ])
+                ]);
+                match domain {
+                    Some(domain) => h.query(&[("domain", domain)]),
+                    None => h,
+                }
             })
             .await?;
         polled_tasks(answer)
@@ -424,6 +439,15 @@ impl ConductorClient {
 
 /// The HTTP client [`ConductorClient::new`] makes: the connect timeout is the request
 /// timeout's, at most 5 s; idle connections are kept a minute.
+/// The queue Conductor keeps a task type's scheduled tasks in: `domain:taskType` for a task
+/// routed to a domain, else the task type (as `/tasks/queue/all` names them).
+pub fn queue_name(task_type: &str, domain: Option<&str>) -> String {
+    match domain {
+        Some(domain) => format!("{domain}:{task_type}"),
+        None => task_type.to_owned(),
+    }
+}
+
 pub fn http_client(request_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(request_timeout.min(Duration::from_secs(5)))

@@ -7,7 +7,9 @@ mod error;
 pub mod flags;
 mod workflow;
 
-pub use client::{CallObserver, CallOutcome, ConductorClient, answer, http_client, polled_tasks};
+pub use client::{
+    CallObserver, CallOutcome, ConductorClient, answer, http_client, polled_tasks, queue_name,
+};
 pub use error::{ConductorError, ErrorKind};
 pub use perago_contract::ConductorCredentials as Credentials;
 pub use workflow::{Workflow, WorkflowTask};

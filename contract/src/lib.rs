@@ -5,6 +5,7 @@
 
 pub mod contract;
 pub mod credentials;
+pub mod domain;
 pub mod errors;
 pub mod paths;
 pub mod protocol;

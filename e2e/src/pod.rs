@@ -50,6 +50,17 @@ impl ConductorApi {
 
     /// Register a one-step workflow whose step gets `task_input` verbatim, and start it.
     pub async fn start(&self, task: &str, case: &str, task_input: Value) -> String {
+        self.start_routed(task, case, task_input, None).await
+    }
+
+    /// [`Self::start`], the step routed to the task domain `domain` (`taskToDomain`).
+    pub async fn start_routed(
+        &self,
+        task: &str,
+        case: &str,
+        task_input: Value,
+        domain: Option<&str>,
+    ) -> String {
         let name = format!("{task}.{case}");
         let wf = json!({
             "name": name, "version": 1, "schemaVersion": 2, "ownerEmail": "e2e@example.com",
@@ -62,12 +73,12 @@ impl ConductorApi {
             Some(&json!([wf])),
         )
         .await;
+        let mut request = json!({"name": name, "version": 1, "input": {}});
+        if let Some(domain) = domain {
+            request["taskToDomain"] = json!({task: domain});
+        }
         let id = self
-            .call(
-                reqwest::Method::POST,
-                &format!("/workflow/{name}"),
-                Some(&json!({})),
-            )
+            .call(reqwest::Method::POST, "/workflow", Some(&request))
             .await;
         id.as_str().unwrap().to_owned()
     }

@@ -66,7 +66,9 @@ fn links(text: &str) -> Vec<String> {
         if fenced {
             continue;
         }
-        let mut rest = line;
+        // Inline code spans (between backticks) hold no links.
+        let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = prose.as_str();
         while let Some(at) = rest.find("](") {
             rest = &rest[at + 2..];
             if let Some(end) = rest.find(')') {
@@ -116,7 +118,7 @@ fn slugs_follow_the_rule() {
     );
     assert_eq!(slug(" The hard fence (opt-in)"), "the-hard-fence-opt-in");
     assert_eq!(
-        links("see [a](x.md#y) and [b](https://z) `[c](no)`"),
-        ["x.md#y", "https://z", "no"]
+        links("see [a](x.md#y) and [b](https://z) `[c](code)` [d](e.md)"),
+        ["x.md#y", "https://z", "e.md"]
     );
 }

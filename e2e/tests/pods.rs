@@ -949,7 +949,7 @@ async fn ready_condition(
 }
 
 /// Executor pods that cannot start (image missing, sidecar crash-looping on bad settings,
-/// unschedulable) show in the PeragoTask's status and events with the pod's own reason.
+/// unschedulable, refused by Pod Security admission) show in the PeragoTask's status and events with the pod's own reason.
 #[tokio::test]
 async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
     let Some((services, cluster)) =
@@ -966,7 +966,7 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
              stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: \"\"\n  LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: \"\"\n"
         ))
         .unwrap();
-    let cases: [(&str, serde_json::Value, &[&str], &str); 3] = [
+    let cases: [(&str, serde_json::Value, &[&str], &str); 4] = [
         (
             "missing-image",
             json!({"executor": {"body": {"image": "localhost/perago/absent:e2e"}}}),
@@ -984,6 +984,13 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
             json!({"executor": {"body": {"resources": {"requests": {"cpu": "64"}}}}}),
             &["Unschedulable"],
             "Insufficient cpu",
+        ),
+        (
+            // The namespace enforces Pod Security `restricted`: no pod is even created.
+            "privileged",
+            json!({"executor": {"body": {"securityContext": {"privileged": true}}}}),
+            &["FailedCreate"],
+            "violates PodSecurity \"restricted:latest\"",
         ),
     ];
     for (name, spec, _, _) in &cases {
@@ -1850,4 +1857,355 @@ async fn kubectl_perago_finds_the_servers_of_a_task() {
         stderr.contains(&format!("PeragoTask {namespace}/nope not found")),
         "{stderr}"
     );
+}
+
+/// The task's pods' Conductor worker ids start with `<name>-perago-` (the Deployment's pods).
+fn served_by(step: &serde_json::Value, name: &str) -> bool {
+    step["workerId"]
+        .as_str()
+        .is_some_and(|w| w.starts_with(&format!("{name}-perago-")))
+}
+
+/// Two PeragoTasks of one task type: `stable` without a domain, `canary` in the domain
+/// `canary`, autoscaled from zero. A workflow routed to the domain (`taskToDomain`) scales the
+/// canary up by its domain's queue and is served by its pod; one not routed is served by the
+/// stable pod. A third PeragoTask of the type whose spec renders another TaskDef is not Ready,
+/// names the sibling that registered it, and gets no pods.
+#[tokio::test]
+async fn task_domains_route_work_to_their_own_pods_and_scale_them() {
+    let Some((services, cluster)) =
+        cluster("task_domains_route_work_to_their_own_pods_and_scale_them").await
+    else {
+        return;
+    };
+    let namespace = "pods-domains";
+    let task_type = "pods-domains.step";
+    cluster.task_namespace(namespace).unwrap();
+    let answer = |files: i32| format!("printf '{{\"files\": {files}}}' > \"$PERAGO_RESULT\"");
+    let shared = json!({"taskName": task_type, "workspace": {"readOnly": true}});
+    let apply = |name: &str, files: i32, spec: &serde_json::Value| {
+        let mut spec = spec.clone();
+        merge(&mut spec, &shared);
+        cluster
+            .apply(&workspace_task_with(namespace, name, &answer(files), &spec))
+            .unwrap();
+    };
+    // One after the other, so that `stable` is the older sibling that registers the TaskDef.
+    apply("stable", 1, &json!({}));
+    cluster.wait_ready(namespace, "stable").unwrap();
+    let canary = json!({
+        "conductor": {"domain": "canary"},
+        "executor": {"autoscaling": {"minReplicas": 0, "maxReplicas": 1, "scaleDownStabilizationSeconds": 5}},
+    });
+    apply("canary", 2, &canary);
+    cluster.wait_ready(namespace, "canary").unwrap();
+
+    let (_, repository, input_ref) = seeded(services, "pods-domains").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let input = json!({
+        "workspace": {"repository": repository, "branch": "main", "refType": "commit", "ref": input_ref},
+        "params": {"n": 0},
+    });
+    let started = std::time::Instant::now();
+    let routed = conductor
+        .start_routed(task_type, "routed", input.clone(), Some("canary"))
+        .await;
+    let unrouted = conductor.start(task_type, "unrouted", input).await;
+    for (id, name, files) in [(routed, "canary", 2), (unrouted, "stable", 1)] {
+        let finished = conductor.finished(&id).await;
+        let step = &finished["tasks"][0];
+        assert_eq!(step["status"], "COMPLETED", "{name}: {step}");
+        assert!(served_by(step, name), "{name}: {step}");
+        assert_eq!(step["outputData"]["result"]["files"], files, "{step}");
+    }
+    let scaled = cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            "involvedObject.name=canary,reason=Scaled",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap();
+    assert!(
+        scaled.contains("0 → 1"),
+        "the domain's queue scaled the canary: {scaled:?}"
+    );
+    eprintln!(
+        "task domains: the routed step scaled its domain's task from zero and both completed in {:.1?}",
+        started.elapsed()
+    );
+
+    // A sibling whose spec renders another TaskDef neither registers it nor gets pods.
+    apply(
+        "drifted",
+        3,
+        &json!({"conductor": {"domain": "eu"}, "controls": {"timeout": {"seconds": 90}}}),
+    );
+    let client = services.kube().client().await.unwrap();
+    let ready = ready_condition(&client, namespace, "drifted", &["TaskDefConflict"]).await;
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .contains("registered by the older PeragoTask pods-domains/stable")
+            && ready.message.contains("(timeoutSeconds)"),
+        "{}",
+        ready.message
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), namespace);
+    assert!(
+        deployments
+            .get_opt("drifted-perago")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let stored = conductor
+        .call(
+            reqwest::Method::GET,
+            &format!("/metadata/taskdefs/{task_type}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        stored["timeoutSeconds"], 120,
+        "the registered TaskDef is untouched"
+    );
+}
+
+/// An admission policy that refuses the executor's Deployment: the task is not Ready and says
+/// what refused it, in the API server's words; once the policy goes, the task becomes Ready
+/// without a change of its own.
+#[tokio::test]
+async fn a_deployment_the_api_server_refuses_shows_in_the_task_status() {
+    let Some((services, cluster)) =
+        cluster("a_deployment_the_api_server_refuses_shows_in_the_task_status").await
+    else {
+        return;
+    };
+    let namespace = "pods-refused";
+    cluster.task_namespace(namespace).unwrap();
+    let policy = "perago-e2e-frozen-deployments";
+    cluster
+        .apply(&format!(
+            r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {policy}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - {{apiGroups: [apps], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [deployments]}}
+  validations:
+  - {{expression: "false", message: "deployments are frozen in this namespace"}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {policy}}}
+spec:
+  policyName: {policy}
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {namespace}}}
+"#
+        ))
+        .unwrap();
+    // A policy is enforced a moment after it is stored: wait until it refuses a dry run.
+    let probe = format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: probe, namespace: {namespace}}}\n\
+         spec:\n  selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    \
+         spec: {{containers: [{{name: c, image: {BUSYBOX_BODY_IMAGE}}}]}}\n"
+    );
+    let probe_path = std::env::temp_dir().join(format!("perago-probe-{}.yaml", std::process::id()));
+    std::fs::write(&probe_path, probe).unwrap();
+    let path = probe_path.to_string_lossy().into_owned();
+    let mut enforced = false;
+    for _ in 0..100 {
+        if cluster
+            .kubectl(&["apply", "--dry-run=server", "-f", &path])
+            .is_err()
+        {
+            enforced = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = std::fs::remove_file(&probe_path);
+    assert!(enforced, "the admission policy never refused a Deployment");
+
+    let name = "frozen";
+    cluster
+        .apply(&workspace_task(namespace, name, "true"))
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    let ready = ready_condition(&client, namespace, name, &["ApplyRefused"]).await;
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .contains("deployments are frozen in this namespace"),
+        "{}",
+        ready.message
+    );
+    let events = cluster
+        .kubectl(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &format!("involvedObject.name={name},reason=ApplyRefused"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .unwrap();
+    assert!(events.contains("deployments are frozen"), "{events:?}");
+
+    cluster
+        .kubectl(&["delete", "validatingadmissionpolicybinding", policy])
+        .unwrap();
+    cluster
+        .kubectl(&["delete", "validatingadmissionpolicy", policy])
+        .unwrap();
+    let ready = ready_condition(&client, namespace, name, &["Available"]).await;
+    eprintln!(
+        "after the policy went: Ready={} {}",
+        ready.status, ready.message
+    );
+}
+
+/// A generic ephemeral work volume from a storage class: the pod's PersistentVolumeClaim is
+/// bound to a local PersistentVolume the test provides (a class without a provisioner, bound
+/// when the pod is scheduled), the workspace step runs and publishes through it, and the
+/// claim goes away with the pod.
+#[tokio::test]
+async fn an_ephemeral_work_volume_from_a_storage_class_carries_the_workspace() {
+    let Some((services, cluster)) =
+        cluster("an_ephemeral_work_volume_from_a_storage_class_carries_the_workspace").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-ephemeral", "claimed");
+    cluster.task_namespace(namespace).unwrap();
+    // The volume's directory on the node, writable by the pod's non-root users as an
+    // emptyDir is.
+    let disk = tempfile::Builder::new()
+        .prefix("perago-local-pv-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(
+        disk.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let (class, volume) = (
+        "perago-e2e-local",
+        format!("perago-e2e-work-{}", std::process::id()),
+    );
+    cluster
+        .apply(&format!(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: {class}}}
+provisioner: kubernetes.io/no-provisioner
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {volume}}}
+spec:
+  capacity: {{storage: 2Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: {class}
+  local: {{path: {path}}}
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{node}]}}]
+"#,
+            path = disk.path().display(),
+            node = perago_e2e::node::NODE_NAME,
+        ))
+        .unwrap();
+    let spec = json!({"executor": {"workVolume": {"ephemeral": {"storageClassName": class, "size": "1Gi"}}}});
+    cluster
+        .apply(&workspace_task_with(namespace, name, PUBLISH_BODY, &spec))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name).await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), namespace);
+    let claim = claims
+        .get(&format!("{pod_name}-{}", perago_api::pod::WORK_VOLUME))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.spec.as_ref().unwrap().volume_name.as_deref(),
+        Some(volume.as_str()),
+        "the pod's claim is bound to the test's volume"
+    );
+    assert!(
+        disk.path().join("bin/perago-runner").exists(),
+        "the init container installed the runner on the claimed volume"
+    );
+
+    let (lake, repository, input_ref) = seeded(services, "pods-ephemeral").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "ephemeral",
+        &repository,
+        &input_ref,
+        2,
+    )
+    .await;
+    let finished = conductor.finished(&workflow).await;
+    let step = &finished["tasks"][0];
+    assert_eq!(step["status"], "COMPLETED", "{step}");
+    let head = step["outputData"]["workspace"]["ref"].as_str().unwrap();
+    assert_eq!(
+        lake.object(&repository, head, "data/out/part-1.txt")
+            .await
+            .unwrap(),
+        "row 1 of seed\n"
+    );
+
+    // The claim is the pod's: deleting the task deletes the pod, and the claim with it.
+    cluster
+        .kubectl(&["delete", "peragotask", "-n", namespace, name, "--wait"])
+        .unwrap();
+    wait_gone(
+        &Api::namespaced(client.clone(), namespace),
+        &pod_name,
+        Duration::from_secs(120),
+    )
+    .await;
+    let mut claim_left = true;
+    for _ in 0..300 {
+        claim_left = !claims
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty();
+        if !claim_left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!claim_left, "the pod's claim outlived it");
+    let _ = cluster.kubectl(&["delete", "persistentvolume", &volume, "--wait=false"]);
+    let _ = cluster.kubectl(&["delete", "storageclass", class]);
 }

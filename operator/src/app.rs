@@ -264,6 +264,8 @@ fn run(
                 (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
             ),
             owned,
+            // The controller's own store, once `controller::run` has made the controller.
+            tasks: kube::runtime::reflector::store().0,
         };
         metrics
             .ready

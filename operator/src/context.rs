@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
 
 use perago_api::PeragoTask;
 
@@ -33,6 +34,8 @@ pub struct Context {
     pub queues: crate::queues::QueueWatch,
     /// The executor pods, Deployments and ConfigMaps, as the watches keep them.
     pub owned: Owned,
+    /// Every PeragoTask, as the controller's watch keeps them (for a task's siblings).
+    pub tasks: Store<PeragoTask>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,7 @@ use crate::conductor::{ConductorError, holds};
 use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::render::{self, TASK_LABEL};
-use crate::{scaling, status};
+use crate::{scaling, siblings, status};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
@@ -210,6 +210,35 @@ async fn conductor_unavailable(
     Error::Conductor(error)
 }
 
+/// The reason of the conditions while the API server refuses the ConfigMap or Deployment.
+const APPLY_REFUSED: &str = "ApplyRefused";
+
+/// A refusal that repeating the same request will not change (an admission webhook or policy,
+/// RBAC, an invalid object), unlike a conflict, throttling or a server error.
+fn refused(status: &kube::core::Status) -> bool {
+    (400..500).contains(&status.code) && ![404, 408, 409, 429].contains(&status.code)
+}
+
+/// A task that cannot go on until something changes: the status says so (Stalled, for
+/// `reason`), and a Warning event does once per message.
+async fn stall(
+    ctx: &Context,
+    api: &Api<PeragoTask>,
+    task: &PeragoTask,
+    reason: &str,
+    message: String,
+) -> Result<(), Error> {
+    let old = task.status.clone().unwrap_or_default();
+    let was_stalled = status::says(&old, "Stalled", Some(reason), &message);
+    let blocked = status::blocked(&old, task.metadata.generation, reason, &message);
+    patch_status(api, task, blocked).await?;
+    if !was_stalled {
+        warn!(task = %task.name_any(), reason, %message, "the task cannot go on");
+        publish_event(ctx, task, EventType::Warning, reason, message).await;
+    }
+    Ok(())
+}
+
 /// Everything checked before acting on a spec, by the reconciler and the admission webhook
 /// alike: the rules (`perago-operator check`'s messages), then rendering the sidecar's contract
 /// and the TaskDef. Ok holds both and the warnings.
@@ -238,7 +267,7 @@ async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, E
     let pods = ctx.owned.pods(&ns, &task.name_any());
     let busy = scaling::busy_pods(ctx, task, &pods).await;
     let running: i64 = busy.iter().map(|p| p.busy).sum();
-    let queued = scaling::queued(ctx, base, &task.spec.task_name, running).await?;
+    let queued = scaling::queued(ctx, base, task, running).await?;
     Ok(Work {
         pods,
         busy,
@@ -259,16 +288,20 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let (contract, doc) = match checked(&task.spec) {
         Ok((contract, doc, _)) => (contract, doc),
         Err(message) => {
-            let was_stalled = status::says(&old, "Stalled", None, &message);
-            patch_status(&api, &task, status::invalid(&old, generation, &message)).await?;
-            if !was_stalled {
-                publish_event(ctx, &task, EventType::Warning, "InvalidSpec", message).await;
-            }
+            stall(ctx, &api, &task, status::INVALID_SPEC, message).await?;
             return Ok(Action::await_change());
         }
     };
 
     let base = conductor_url(&task, ctx);
+    let tasks = ctx.tasks.state();
+    let siblings = siblings::of(&task, &base, &tasks, |t| conductor_url(t, ctx));
+    let rendered = |t: &PeragoTask| checked(&t.spec).ok().map(|(_, doc, _)| doc);
+    if let Some(conflict) = siblings::conflict(&task, &doc, siblings, rendered) {
+        stall(ctx, &api, &task, siblings::REASON, conflict.to_string()).await?;
+        // A sibling's change does not wake this task: look again at the resync.
+        return Ok(Action::requeue(ctx.resync));
+    }
     let work = match register_task_def(ctx, &task, &base, &doc).await {
         Ok(()) => observe(ctx, &task, &base).await,
         Err(e) => Err(Error::Conductor(e)),
@@ -285,12 +318,27 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
 
     let cm = render::config_map(&task, &contract);
-    apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
-    let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
-    let applied = apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await?;
+    let applied = async {
+        apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
+        let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+        apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await
+    };
+    let applied = match applied.await {
+        Ok(applied) => applied,
+        Err(Error::Kube(kube::Error::Api(refusal))) if refused(&refusal) => {
+            let message = format!(
+                "the API server refused the executor's objects ({} {}): {}",
+                refusal.code, refusal.reason, refusal.message
+            );
+            stall(ctx, &api, &task, APPLY_REFUSED, message).await?;
+            return Ok(Action::requeue(ctx.resync));
+        }
+        Err(e) => return Err(e),
+    };
 
     let deployment_status = applied.status.clone().unwrap_or_default();
-    let problem = crate::pods::problem(work.pods.iter().map(|p| &**p));
+    let problem = crate::pods::problem(work.pods.iter().map(|p| &**p))
+        .or_else(|| crate::pods::replica_failure(&deployment_status));
     let seen = status::Observed {
         generation,
         deployment_generation: applied.metadata.generation,
@@ -389,6 +437,18 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
     if task.spec.deletion_policy == DeletionPolicy::Delete {
         let base = conductor_url(&task, ctx);
         let name = &task.spec.task_name;
+        let tasks = ctx.tasks.state();
+        let sibling = siblings::of(&task, &base, &tasks, |t| conductor_url(t, ctx)).next();
+        if let Some(sibling) = sibling {
+            let note = format!(
+                "kept TaskDef {name} (deletionPolicy: Delete): PeragoTask {}/{} still uses it",
+                sibling.namespace().unwrap_or_default(),
+                sibling.name_any()
+            );
+            info!(task_def = %name, "{note}");
+            publish_event(ctx, &task, EventType::Normal, "TaskDefKept", note).await;
+            return Ok(Action::await_change());
+        }
         ctx.conductor.at(&base).delete_task_def(name).await?;
         ctx.conductor.wrote_task_def(&base, name, None).await;
         info!(task_def = %task.spec.task_name, "deleted the TaskDef (deletionPolicy: Delete)");
@@ -432,9 +492,12 @@ pub async fn run(ctx: Context, writers: owned::Writers) {
     let controller = Controller::new(tasks, watcher::Config::default())
         .owns_stream(deployments)
         .owns_stream(config_maps);
-    let ctx = Arc::new(ctx);
+    let ctx = Arc::new(Context {
+        tasks: controller.store(),
+        ..ctx
+    });
     let (wake, woken) = tokio::sync::mpsc::channel(1024);
-    let queue_watch = tokio::spawn(scaling::watch_queues(ctx.clone(), controller.store(), wake));
+    let queue_watch = tokio::spawn(scaling::watch_queues(ctx.clone(), wake));
     let woken = futures_util::stream::unfold(woken, |mut woken| async move {
         woken.recv().await.map(|task| (task, woken))
     });

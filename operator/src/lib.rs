@@ -14,6 +14,7 @@ pub mod queues;
 pub mod reference;
 pub mod render;
 pub mod scaling;
+pub mod siblings;
 pub mod status;
 pub mod telemetry;
 pub mod webhook;

@@ -2,6 +2,7 @@
 //! for the PeragoTask's `Ready` condition and a Warning event: a user who applied a task
 //! should not have to go looking at pods to learn that its image is missing.
 
+use k8s_openapi::api::apps::v1::DeploymentStatus;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 /// A pod that cannot start or keep running, as its status says.
@@ -32,6 +33,21 @@ pub fn problem<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<PodProblem
     let mut pods: Vec<&Pod> = pods.into_iter().collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     pods.into_iter().find_map(pod_problem)
+}
+
+/// The Deployment's pods cannot even be created (its `ReplicaFailure` condition): refused by
+/// Pod Security admission, a quota or a policy, in the API server's words.
+pub fn replica_failure(deployment: &DeploymentStatus) -> Option<PodProblem> {
+    let c = deployment
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")?;
+    let reason = c.reason.clone().unwrap_or_else(|| "ReplicaFailure".into());
+    Some(PodProblem {
+        message: format!("{reason}: {}", c.message.as_deref().unwrap_or("")),
+        reason,
+    })
 }
 
 fn pod_problem(pod: &Pod) -> Option<PodProblem> {
@@ -107,6 +123,25 @@ mod tests {
             "status": status,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn pods_the_api_server_refuses_to_create_say_why() {
+        let status: DeploymentStatus = serde_json::from_value(serde_json::json!({
+            "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                            "message": "pods \"t-perago-5d\" is forbidden: violates PodSecurity \"restricted:latest\": privileged"}],
+        }))
+        .unwrap();
+        let p = replica_failure(&status).unwrap();
+        assert_eq!(p.reason, "FailedCreate");
+        assert!(
+            p.message.starts_with(
+                "FailedCreate: pods \"t-perago-5d\" is forbidden: violates PodSecurity"
+            ),
+            "{}",
+            p.message
+        );
+        assert_eq!(replica_failure(&DeploymentStatus::default()), None);
     }
 
     #[test]

@@ -322,6 +322,9 @@ fn sidecar_env(
         env("PERAGO_SHUTDOWN_GRACE_SECONDS", grace.to_string()),
         env("CONDUCTOR_SERVER_URL", conductor_url(task, defaults)),
     ];
+    if let Some(domain) = spec.domain() {
+        sidecar_env.push(env("CONDUCTOR_WORKER_DOMAIN", domain));
+    }
     if let Some(secret) = spec
         .conductor
         .as_ref()
@@ -559,6 +562,7 @@ mod tests {
   resultSchema: {type: object}
   controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}
   lakefs: {credentialsSecret: lake-creds}
+  conductor: {domain: canary}
   executor:
     replicas: 2
     body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
@@ -616,6 +620,10 @@ mod tests {
             "the task's secret wins over the default"
         );
         assert!(!env.contains_key("CONDUCTOR_AUTH_KEY"));
+        assert_eq!(
+            env["CONDUCTOR_WORKER_DOMAIN"].value.as_deref(),
+            Some("canary")
+        );
         assert_eq!(
             pod.containers[0].command.as_ref().unwrap(),
             &[

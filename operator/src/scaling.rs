@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -20,6 +20,7 @@ use perago_api::task::AutoscalingSpec;
 use crate::conductor::ConductorError;
 use crate::context::{Context, conductor_url};
 use crate::render;
+use perago_conductor::queue_name;
 
 /// A running executor pod and the attempts it runs.
 pub struct BusyPod {
@@ -148,18 +149,20 @@ pub fn reason(queued: i64, running: i64, spec: &AutoscalingSpec, next: i32) -> S
     text
 }
 
-/// Scheduled tasks of the task type: from the queue watch when it read them lately and no
-/// attempt runs, else from Conductor. With attempts running, a read up to two periods old may
-/// still count a task a pod has since taken, which the running count then counts again.
+/// Scheduled tasks in the task's queue (its domain's, when it has one): from the queue watch
+/// when it read them lately and no attempt runs, else from Conductor. With attempts running, a
+/// read up to two periods old may still count a task a pod has since taken, which the running
+/// count then counts again.
 pub async fn queued(
     ctx: &Context,
     base: &str,
-    task_type: &str,
+    task: &PeragoTask,
     running: i64,
 ) -> Result<i64, ConductorError> {
-    match ctx.queues.fresh(base, task_type) {
+    let (task_type, domain) = (&task.spec.task_name, task.spec.domain());
+    match ctx.queues.fresh(base, &queue_name(task_type, domain)) {
         Some(size) if running == 0 || size == 0 => Ok(size),
-        _ => ctx.conductor.at(base).queue_size(task_type).await,
+        _ => ctx.conductor.at(base).queue_size(task_type, domain).await,
     }
 }
 
@@ -181,11 +184,7 @@ fn needs_more_pods(task: &PeragoTask, queued: i64) -> bool {
 /// whose queue needs more pods than it has, so that scaling up (from zero above all) waits
 /// for the next tick and not for the task's resync. Scaling down still happens on resync, where
 /// the scale-down window is applied.
-pub async fn watch_queues(
-    ctx: Arc<Context>,
-    tasks: Store<PeragoTask>,
-    wake: mpsc::Sender<ObjectRef<PeragoTask>>,
-) {
+pub async fn watch_queues(ctx: Arc<Context>, wake: mpsc::Sender<ObjectRef<PeragoTask>>) {
     let Some(period) = ctx.queues.period else {
         return;
     };
@@ -195,7 +194,7 @@ pub async fn watch_queues(
     loop {
         ticker.tick().await;
         let mut by_conductor: BTreeMap<String, Vec<Arc<PeragoTask>>> = BTreeMap::new();
-        for task in tasks.state() {
+        for task in ctx.tasks.state() {
             if task.metadata.deletion_timestamp.is_none() {
                 by_conductor
                     .entry(conductor_url(&task, &ctx))
@@ -221,7 +220,8 @@ pub async fn watch_queues(
                 info!(conductor = %base, "reading the queue sizes works again");
             }
             for task in &tasks {
-                let queued = sizes.get(&task.spec.task_name).copied().unwrap_or(0);
+                let queue = queue_name(&task.spec.task_name, task.spec.domain());
+                let queued = sizes.get(&queue).copied().unwrap_or(0);
                 ctx.metrics.task_queued(task).set(queued);
                 if needs_more_pods(task, queued) {
                     // Full: a wake-up is already pending, and one is enough.

@@ -67,18 +67,27 @@ pub fn says(old: &PeragoTaskStatus, type_: &str, reason: Option<&str>, message: 
     })
 }
 
-/// An invalid spec: stalled until it changes; nothing else of the status moves.
-pub fn invalid(old: &PeragoTaskStatus, generation: Option<i64>, message: &str) -> PeragoTaskStatus {
-    const REASON: &str = "InvalidSpec";
+/// The reason of the conditions of an invalid spec.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+
+/// A task that cannot go on until something changes (an invalid spec, a TaskDef a sibling
+/// renders differently, an object the API server refuses): stalled, for `reason`; nothing
+/// else of the status moves.
+pub fn blocked(
+    old: &PeragoTaskStatus,
+    generation: Option<i64>,
+    reason: &str,
+    message: &str,
+) -> PeragoTaskStatus {
     PeragoTaskStatus {
         observed_generation: generation,
         conditions: conditions(
             &old.conditions,
             generation,
             [
-                said(false, REASON, message),
-                said(false, REASON, ""),
-                said(true, REASON, message),
+                said(false, reason, message),
+                said(false, reason, ""),
+                said(true, reason, message),
             ],
         ),
         ..old.clone()
@@ -327,7 +336,12 @@ mod tests {
             queue_depth: Some(9),
             ..PeragoTaskStatus::default()
         };
-        let status = invalid(&old, Some(5), "spec.taskName: must not be empty");
+        let status = blocked(
+            &old,
+            Some(5),
+            INVALID_SPEC,
+            "spec.taskName: must not be empty",
+        );
         assert_eq!(
             brief(&status),
             owned(&[
@@ -366,12 +380,12 @@ mod tests {
 
     #[test]
     fn transition_times_survive_unchanged_statuses() {
-        let first = invalid(&PeragoTaskStatus::default(), Some(1), "x");
+        let first = blocked(&PeragoTaskStatus::default(), Some(1), INVALID_SPEC, "x");
         let mut old = first.clone();
         for c in &mut old.conditions {
             c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
         }
-        let again = invalid(&old, Some(2), "y");
+        let again = blocked(&old, Some(2), INVALID_SPEC, "y");
         assert!(
             again
                 .conditions

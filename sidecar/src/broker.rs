@@ -117,6 +117,7 @@ impl Broker {
                 .conductor
                 .batch_poll(
                     &task_name,
+                    self.settings.domain.as_deref(),
                     &self.settings.worker_id,
                     u32::try_from(leases.len()).unwrap_or(free),
                     self.settings.poll_wait,

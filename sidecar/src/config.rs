@@ -27,6 +27,9 @@ pub struct Settings {
     pub work_dir: PathBuf,
     #[command(flatten)]
     pub conductor: ConductorFlags,
+    /// The task domain to poll: only work that workflows route to it with `taskToDomain`.
+    #[arg(long, env = "CONDUCTOR_WORKER_DOMAIN")]
+    pub conductor_domain: Option<String>,
     /// Per-request timeout of Conductor calls (seconds).
     #[arg(long, env = "PERAGO_CONDUCTOR_TIMEOUT_SECONDS", default_value_t = 10)]
     pub conductor_timeout_seconds: u64,
@@ -140,6 +143,8 @@ impl FaultPoint {
 pub struct RuntimeSettings {
     pub conductor_url: String,
     pub credentials: Option<Credentials>,
+    /// The task domain polled; `None`: the task type's own queue.
+    pub domain: Option<String>,
     pub request_timeout: Duration,
     pub worker_id: String,
     pub instance_id: String,
@@ -183,6 +188,10 @@ impl Settings {
             .url()?
             .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
         let credentials = self.conductor.auth.credentials()?;
+        let domain = given("CONDUCTOR_WORKER_DOMAIN", self.conductor_domain.as_deref())?;
+        if let Some(problem) = domain.as_deref().and_then(perago_contract::domain::problem) {
+            return Err(format!("CONDUCTOR_WORKER_DOMAIN: {problem}"));
+        }
         let prefix = match &self.worker_id_prefix {
             None => None,
             Some(raw) => {
@@ -270,6 +279,7 @@ impl Settings {
         Ok(RuntimeSettings {
             conductor_url,
             credentials,
+            domain,
             request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
             worker_id,
             instance_id: instance_id.unwrap_or(pod),

@@ -817,3 +817,55 @@ async fn a_task_polled_while_the_runner_stops_still_runs_there() {
         "{log}"
     );
 }
+
+/// A pod given a task domain serves the workflows that route the task type to it, and leaves
+/// the task type's own queue to the pods without one.
+#[tokio::test]
+async fn a_pod_in_a_task_domain_serves_only_the_work_routed_to_it() {
+    let c = conductor().await;
+    let task = "rt.domain";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let _pod = pod(
+        &c,
+        &contract,
+        DOUBLE,
+        &[("CONDUCTOR_WORKER_DOMAIN", "canary")],
+    )
+    .await;
+    let unrouted = c.start(task, "unrouted", json!({"params": {"n": 3}})).await;
+    let routed = c
+        .start_routed(task, "routed", json!({"params": {"n": 2}}), Some("canary"))
+        .await;
+
+    let wf = c.finished(&routed).await;
+    assert_eq!(wf["status"], "COMPLETED", "{wf}");
+    let t = only_task(&wf);
+    assert_eq!(t["domain"], "canary", "{t}");
+    assert_eq!(t["outputData"]["result"]["total"], 4);
+
+    // The pod polled all along; the unrouted step is still in the task type's own queue.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiting = only_task(&c.workflow(&unrouted).await).clone();
+    assert_eq!(waiting["status"], "SCHEDULED", "{waiting}");
+    assert_eq!(waiting["pollCount"].as_i64().unwrap_or(0), 0, "{waiting}");
+    let size = |domain: Option<&str>| {
+        let query = domain.map_or(String::new(), |d| format!("&domain={d}"));
+        let c = &c;
+        async move {
+            c.call(
+                reqwest::Method::GET,
+                &format!("/tasks/queue/size?taskType={task}{query}"),
+                None,
+            )
+            .await
+        }
+    };
+    assert_eq!(size(None).await, 1);
+    assert_eq!(size(Some("canary")).await, 0);
+    c.call(
+        reqwest::Method::DELETE,
+        &format!("/workflow/{unrouted}?reason=test%20done"),
+        None,
+    )
+    .await;
+}

@@ -202,5 +202,20 @@ pub fn bad_declarations() -> Vec<(&'static str, Value, &'static str)> {
             yaml("{application: [{name: rows, kind: gauge, labels: [task_id]}]}"),
             "label 'task_id' is reserved by the runtime",
         ),
+        (
+            "spec.executor.podTemplate",
+            yaml("{hostNetwork: true}"),
+            "spec.executor.podTemplate: unsupported fields: hostNetwork",
+        ),
+        (
+            "spec.conductor",
+            yaml("{domain: 'eu,us'}"),
+            "spec.conductor.domain: \"eu,us\" is not a task domain",
+        ),
+        (
+            "spec.conductor",
+            yaml("{domain: NO_DOMAIN}"),
+            "spec.conductor.domain: NO_DOMAIN is Conductor's word for \"no domain\": leave the domain out",
+        ),
     ]
 }
