@@ -25,6 +25,11 @@ pub const TMP_DIR: &str = "/tmp";
 /// The task contract's ConfigMap volume, mounted into the sidecar.
 pub const CONTRACT_VOLUME: &str = "perago-contract";
 pub const CONTRACT_DIR: &str = "/etc/perago";
+/// The private CA bundles of Conductor and lakeFS (`spec.*.tls.caBundleRef`), mounted into
+/// the sidecar under [`CA_DIR`]`/<volume>`.
+pub const CONDUCTOR_CA_VOLUME: &str = "perago-conductor-ca";
+pub const LAKEFS_CA_VOLUME: &str = "perago-lakefs-ca";
+pub const CA_DIR: &str = "/etc/perago-ca";
 /// The label every object of a task carries; the Deployment selects its pods by it.
 pub const TASK_LABEL: &str = "perago.io/task";
 pub const CONTRACT_HASH_ANNOTATION: &str = "perago.io/contract-hash";
@@ -150,7 +155,13 @@ fn under(path: &str, dir: &str) -> bool {
 }
 
 fn check_volumes(parts: &PodParts) -> Result<(), FieldError> {
-    let owned = [WORK_VOLUME, TMP_VOLUME, CONTRACT_VOLUME];
+    let owned = [
+        WORK_VOLUME,
+        TMP_VOLUME,
+        CONTRACT_VOLUME,
+        CONDUCTOR_CA_VOLUME,
+        LAKEFS_CA_VOLUME,
+    ];
     let mut names = Vec::new();
     for (i, volume) in parts.volumes.iter().enumerate() {
         let field = format!("{TEMPLATE}.volumes[{i}].name");

@@ -554,6 +554,47 @@ pub struct ConductorConnection {
         pattern(r"^[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
     )]
     pub domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
+}
+
+/// How the sidecar verifies the server's certificate.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSettings {
+    /// The certificate authorities that sign the server's certificate (a private CA), as a
+    /// PEM bundle in a ConfigMap or Secret key of the task's namespace (what trust-manager
+    /// and cert-manager write). Mounted into the sidecar only, and trusted beside the
+    /// built-in web roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle_ref: Option<CaBundleRef>,
+}
+
+/// One key of a ConfigMap or of a Secret: exactly one of the two.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.configMap) != has(self.secret)").message("caBundleRef names exactly one of configMap and secret"))]
+#[serde(rename_all = "camelCase")]
+pub struct CaBundleRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<KeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<KeyRef>,
+}
+
+/// A key of a ConfigMap or Secret in the task's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Default `ca.crt`.
+    #[serde(default = "default_ca_key")]
+    #[schemars(length(min = 1, max = 253), pattern(r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
 }
 
 /// lakeFS endpoint and credentials.
@@ -567,6 +608,8 @@ pub struct LakeFsConnection {
     /// `LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
 }
 
 /// Whether deleting the PeragoTask also deletes its Conductor TaskDef.

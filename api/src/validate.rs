@@ -86,6 +86,16 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
     if let Some(problem) = spec.domain().and_then(perago_contract::domain::problem) {
         return Err(FieldError::new("spec.conductor.domain", problem));
     }
+    let conductor_tls = spec.conductor.as_ref().and_then(|c| c.tls.as_ref());
+    let lakefs_tls = spec.lakefs.as_ref().and_then(|l| l.tls.as_ref());
+    for (field, tls) in [
+        ("spec.conductor.tls.caBundleRef", conductor_tls),
+        ("spec.lakefs.tls.caBundleRef", lakefs_tls),
+    ] {
+        if let Some(bundle) = tls.and_then(|t| t.ca_bundle_ref.as_ref()) {
+            check_ca_bundle(field, bundle)?;
+        }
+    }
 
     let mut warnings = Vec::new();
     if let (Some(ws), Some(budget)) = (&spec.workspace, budget) {
@@ -283,6 +293,36 @@ fn check_application_metrics(metrics: &[ApplicationMetric]) -> Result<(), FieldE
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+fn check_ca_bundle(field: &str, bundle: &crate::task::CaBundleRef) -> Result<(), FieldError> {
+    let key_ref = match (&bundle.config_map, &bundle.secret) {
+        (Some(r), None) | (None, Some(r)) => r,
+        _ => {
+            return Err(FieldError::new(
+                field,
+                "caBundleRef names exactly one of configMap and secret",
+            ));
+        }
+    };
+    if key_ref.name.trim().is_empty() {
+        return Err(FieldError::new(format!("{field}.name"), "name is required"));
+    }
+    let key_ok = !key_ref.key.is_empty()
+        && key_ref
+            .key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if !key_ok {
+        return Err(FieldError::new(
+            format!("{field}.key"),
+            format!(
+                "{:?} is not a ConfigMap or Secret key (letters, digits, '-', '.', '_')",
+                key_ref.key
+            ),
+        ));
     }
     Ok(())
 }

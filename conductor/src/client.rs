@@ -77,8 +77,18 @@ impl ConductorClient {
         request_timeout: Duration,
         credentials: Option<Credentials>,
     ) -> Result<Self, reqwest::Error> {
+        Self::trusting(base_url, request_timeout, credentials, &[])
+    }
+
+    /// [`Self::new`], also trusting the certificate authorities `roots` (a private CA).
+    pub fn trusting(
+        base_url: &str,
+        request_timeout: Duration,
+        credentials: Option<Credentials>,
+        roots: &[reqwest::Certificate],
+    ) -> Result<Self, reqwest::Error> {
         Ok(Self::with_http(
-            http_client(request_timeout)?,
+            http_client(request_timeout, roots)?,
             base_url,
             request_timeout,
             credentials,
@@ -437,8 +447,6 @@ impl ConductorClient {
     }
 }
 
-/// The HTTP client [`ConductorClient::new`] makes: the connect timeout is the request
-/// timeout's, at most 5 s; idle connections are kept a minute.
 /// The queue Conductor keeps a task type's scheduled tasks in: `domain:taskType` for a task
 /// routed to a domain, else the task type (as `/tasks/queue/all` names them).
 pub fn queue_name(task_type: &str, domain: Option<&str>) -> String {
@@ -448,8 +456,18 @@ pub fn queue_name(task_type: &str, domain: Option<&str>) -> String {
     }
 }
 
-pub fn http_client(request_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
+/// The HTTP client [`ConductorClient::trusting`] makes: the connect timeout is the request
+/// timeout's, at most 5 s; idle connections are kept a minute. It trusts the built-in web
+/// roots, the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS store) and `roots`.
+pub fn http_client(
+    request_timeout: Duration,
+    roots: &[reqwest::Certificate],
+) -> Result<reqwest::Client, reqwest::Error> {
+    roots
+        .iter()
+        .fold(reqwest::Client::builder(), |b, root| {
+            b.add_root_certificate(root.clone())
+        })
         .connect_timeout(request_timeout.min(Duration::from_secs(5)))
         .pool_idle_timeout(Duration::from_secs(60))
         .build()

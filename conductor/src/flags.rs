@@ -14,6 +14,10 @@ pub struct ConductorFlags {
     /// Conductor API base URL, including `/api`.
     #[arg(long, env = "CONDUCTOR_SERVER_URL", global = true)]
     pub conductor_url: Option<String>,
+    /// PEM bundle of the certificate authorities that sign Conductor's certificate, trusted
+    /// beside the built-in and the platform's roots (a private CA).
+    #[arg(long, env = "PERAGO_CONDUCTOR_CA_FILE", global = true)]
+    pub conductor_ca_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub auth: ConductorAuthFlags,
 }
@@ -42,6 +46,14 @@ impl ConductorFlags {
     /// The URL, when given.
     pub fn url(&self) -> Result<Option<String>, String> {
         given("CONDUCTOR_SERVER_URL", self.conductor_url.as_deref())
+    }
+
+    /// The certificates of the CA bundle, when one is given.
+    pub fn roots(&self) -> Result<Vec<reqwest::Certificate>, String> {
+        perago_contract::trust::roots(
+            "PERAGO_CONDUCTOR_CA_FILE",
+            self.conductor_ca_file.as_deref(),
+        )
     }
 }
 

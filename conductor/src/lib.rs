@@ -12,4 +12,6 @@ pub use client::{
 };
 pub use error::{ConductorError, ErrorKind};
 pub use perago_contract::ConductorCredentials as Credentials;
+/// Reading a private CA bundle, as every client here does.
+pub use perago_contract::trust;
 pub use workflow::{Workflow, WorkflowTask};

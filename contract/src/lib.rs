@@ -12,6 +12,8 @@ pub mod protocol;
 pub mod setting;
 pub mod spec;
 pub mod text;
+#[cfg(feature = "tls")]
+pub mod trust;
 pub mod url;
 
 pub use credentials::ConductorCredentials;

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use crate::node::{
     BRIDGE_IP, Containerd, KUBERNETES_SERVICE_IP, Machine, Node, NodePki, SERVICE_RANGE,
 };
-use crate::pki::Usage;
+use crate::pki::{Pair, Usage};
 use crate::process::{ServerProcess, free_port, obtain, wait_ready};
 
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -65,6 +65,12 @@ fn java() -> Result<PathBuf> {
 
 impl Conductor {
     pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
+        Self::start_serving(dir, host, None).await
+    }
+
+    /// A Conductor with its files in `dir`, serving HTTPS with `tls` (a certificate and its
+    /// key, PEM) when given.
+    pub async fn start_serving(dir: &Path, host: IpAddr, tls: Option<&Pair>) -> Result<Self> {
         let jar = obtain("conductor")?;
         let java = java()?;
         let options: Vec<String> = class_archive(&java, &jar, dir)
@@ -81,7 +87,22 @@ impl Conductor {
         let database_dir = database.as_ref().map_or(dir, |d| d.path());
         let port = free_port()?;
         let mut cmd = conductor_command(&java, &jar, dir, database_dir, host, port, &options)?;
-        let base = format!("http://{host}:{port}");
+        let scheme = match tls {
+            Some(pair) => {
+                cmd.arg("--server.ssl.enabled=true")
+                    .arg(format!(
+                        "--server.ssl.certificate=file:{}",
+                        pair.cert.display()
+                    ))
+                    .arg(format!(
+                        "--server.ssl.certificate-private-key=file:{}",
+                        pair.key.display()
+                    ));
+                "https"
+            }
+            None => "http",
+        };
+        let base = format!("{scheme}://{host}:{port}");
         let (process, took) = spawn_healthy("conductor", &mut cmd, dir, &base).await?;
         let client = http_client();
         let version = client
@@ -275,6 +296,12 @@ pub struct LakeFs {
 
 impl LakeFs {
     pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
+        Self::start_serving(dir, host, None).await
+    }
+
+    /// A lakeFS with its files in `dir`, serving HTTPS with `tls` (a certificate and its key,
+    /// PEM) when given.
+    pub async fn start_serving(dir: &Path, host: IpAddr, tls: Option<&Pair>) -> Result<Self> {
         let binary = obtain("lakefs")?;
         let port = free_port()?;
         let home = dir.join("lakefs");
@@ -294,14 +321,20 @@ stats: {{enabled: false}}
 email_subscription: {{enabled: false}}
 security: {{check_latest_version: false, audit_check_url: ""}}
 ui: {{enabled: false}}
-"#,
-                home = home.display()
+{tls}"#,
+                home = home.display(),
+                tls = tls.map_or(String::new(), |pair| format!(
+                    "tls: {{enabled: true, cert_file: \"{}\", key_file: \"{}\"}}\n",
+                    pair.cert.display(),
+                    pair.key.display()
+                )),
             ),
         )?;
         let mut cmd = Command::new(binary);
         cmd.arg("run").arg("-c").arg(&config).current_dir(&home);
         let mut process = ServerProcess::spawn("lakefs", &mut cmd, dir.join("lakefs.log"))?;
-        let endpoint = format!("http://{host}:{port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let endpoint = format!("{scheme}://{host}:{port}");
         let client = http_client();
         let took = wait_ready(&mut process, Duration::from_secs(60), || {
             let client = client.clone();

@@ -25,6 +25,10 @@ pub struct LakeFsFlags {
         global = true
     )]
     pub lakefs_secret_access_key: Option<String>,
+    /// PEM bundle of the certificate authorities that sign lakeFS's certificate, trusted
+    /// beside the built-in and the platform's roots (a private CA).
+    #[arg(long, env = "PERAGO_LAKEFS_CA_FILE", global = true)]
+    pub lakefs_ca_file: Option<std::path::PathBuf>,
 }
 
 /// Where lakeFS is and the key pair, all three given.
@@ -46,6 +50,11 @@ impl std::fmt::Debug for LakeFsAccess {
 }
 
 impl LakeFsFlags {
+    /// The certificates of the CA bundle, when one is given.
+    pub fn roots(&self) -> Result<Vec<reqwest::Certificate>, String> {
+        perago_contract::trust::roots("PERAGO_LAKEFS_CA_FILE", self.lakefs_ca_file.as_deref())
+    }
+
     /// All three settings, or none (`None`); some but not all is an error naming the missing
     /// variables.
     pub fn access(&self) -> Result<Option<LakeFsAccess>, String> {
@@ -92,6 +101,7 @@ mod tests {
             lakefs_endpoint: endpoint.map(str::to_owned),
             lakefs_access_key_id: key.map(str::to_owned),
             lakefs_secret_access_key: secret.map(str::to_owned),
+            lakefs_ca_file: None,
         }
     }
 

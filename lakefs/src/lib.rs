@@ -308,6 +308,19 @@ impl LakeFsClient {
         secret_access_key: &str,
         timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
+        Self::trusting(endpoint, access_key_id, secret_access_key, timeout, &[])
+    }
+
+    /// [`Self::new`], also trusting the certificate authorities `roots` (a private CA) beside
+    /// the built-in web roots and the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS
+    /// store).
+    pub fn trusting(
+        endpoint: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+        timeout: Duration,
+        roots: &[reqwest::Certificate],
+    ) -> Result<Self, reqwest::Error> {
         let endpoint = endpoint.trim_end_matches('/');
         let base = if endpoint.ends_with("/api/v1") {
             endpoint.to_owned()
@@ -315,7 +328,11 @@ impl LakeFsClient {
             format!("{endpoint}/api/v1")
         };
         Ok(Self {
-            http: reqwest::Client::builder()
+            http: roots
+                .iter()
+                .fold(reqwest::Client::builder(), |b, root| {
+                    b.add_root_certificate(root.clone())
+                })
                 .connect_timeout(timeout.min(Duration::from_secs(5)))
                 .build()?,
             base,

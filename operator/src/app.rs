@@ -62,6 +62,10 @@ pub enum Command {
         process: ProcessArgs,
         #[command(flatten)]
         auth: ConductorAuthFlags,
+        /// PEM bundle of the certificate authorities that sign the Conductors' certificates,
+        /// trusted beside the built-in and the platform's roots (a private CA).
+        #[arg(long, env = "PERAGO_CONDUCTOR_CA_FILE")]
+        conductor_ca_file: Option<std::path::PathBuf>,
         #[command(flatten)]
         webhook: WebhookArgs,
     },
@@ -218,7 +222,7 @@ fn run(
     resync: u64,
     queue_poll: u64,
     process: ProcessArgs,
-    credentials: Option<conductor::Credentials>,
+    (credentials, roots): (Option<conductor::Credentials>, Vec<reqwest::Certificate>),
     webhook: WebhookArgs,
 ) -> Result<(), String> {
     perago_telemetry::init_logging();
@@ -244,6 +248,7 @@ fn run(
             std::time::Duration::from_secs(timeout.max(1)),
             Some(metrics.conductor_calls.clone()),
             credentials,
+            &roots,
         )
         .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
@@ -320,17 +325,23 @@ pub fn execute(args: Args) -> Result<(), String> {
             queue_poll_seconds,
             process,
             auth,
+            conductor_ca_file,
             webhook,
-        } => auth.credentials().and_then(|credentials| {
+        } => {
+            let credentials = auth.credentials()?;
+            let roots = perago_conductor::trust::roots(
+                "PERAGO_CONDUCTOR_CA_FILE",
+                conductor_ca_file.as_deref(),
+            )?;
             run(
                 defaults.defaults(),
                 conductor_timeout_seconds,
                 resync_seconds,
                 queue_poll_seconds,
                 process,
-                credentials,
+                (credentials, roots),
                 webhook,
             )
-        }),
+        }
     }
 }

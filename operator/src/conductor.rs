@@ -34,6 +34,7 @@ impl Conductors {
         timeout: Duration,
         calls: Option<prometheus::IntCounterVec>,
         credentials: Option<Credentials>,
+        roots: &[reqwest::Certificate],
     ) -> Result<Self, reqwest::Error> {
         let observer = calls.map(|calls| -> perago_conductor::CallObserver {
             Arc::new(move |call, outcome| {
@@ -41,7 +42,7 @@ impl Conductors {
             })
         });
         Ok(Self {
-            http: perago_conductor::http_client(timeout)?,
+            http: perago_conductor::http_client(timeout, roots)?,
             timeout,
             credentials,
             observer,

@@ -51,7 +51,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
     let context = Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client,
-        conductor: Conductors::new(Duration::from_millis(200), None, None).unwrap(),
+        conductor: Conductors::new(Duration::from_millis(200), None, None, &[]).unwrap(),
         defaults: Defaults {
             conductor_url: Some("http://127.0.0.1:9/api".into()),
             lakefs_endpoint: None,

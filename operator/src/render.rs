@@ -11,10 +11,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, EphemeralVolumeSource, HTTPGetAction, ObjectFieldSelector,
+    EnvVar, EnvVarSource, EphemeralVolumeSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
     PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -218,8 +218,12 @@ pub fn deployment(
             "body".to_owned(),
         ),
     ]);
+    let bundles = ca_bundles(task, contract);
     let mut volumes = volumes(task);
+    volumes.extend(bundles.iter().map(|b| b.volume.clone()));
     volumes.extend(parts.volumes);
+    let mut sidecar_env = sidecar_env(task, contract, defaults, grace);
+    sidecar_env.extend(bundles.iter().map(|b| b.env.clone()));
     Deployment {
         metadata: metadata(task, object_name(task)),
         spec: Some(DeploymentSpec {
@@ -247,7 +251,8 @@ pub fn deployment(
                         sidecar_container(
                             sidecar_image,
                             overrides.resources,
-                            sidecar_env(task, contract, defaults, grace),
+                            sidecar_env,
+                            bundles.into_iter().map(|b| b.mount),
                         ),
                     ]),
                     containers: vec![body_container(&exec.body, parts.volume_mounts)],
@@ -387,6 +392,7 @@ fn sidecar_container(
     image: String,
     resources: Option<ResourceRequirements>,
     env: Vec<EnvVar>,
+    mounts: impl IntoIterator<Item = VolumeMount>,
 ) -> Container {
     let resources = resources.unwrap_or_else(|| ResourceRequirements {
         requests: Some(BTreeMap::from([
@@ -414,15 +420,20 @@ fn sidecar_container(
         startup_probe: Some(http_probe("/healthz", 1, 30)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         readiness_probe: Some(http_probe("/readyz", 5, 1)),
-        volume_mounts: Some(vec![
-            work_mount(),
-            VolumeMount {
-                name: pod::CONTRACT_VOLUME.into(),
-                mount_path: CONTRACT_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-        ]),
+        volume_mounts: Some(
+            [
+                work_mount(),
+                VolumeMount {
+                    name: pod::CONTRACT_VOLUME.into(),
+                    mount_path: CONTRACT_DIR.into(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                },
+            ]
+            .into_iter()
+            .chain(mounts)
+            .collect(),
+        ),
         resources: Some(resources),
         security_context: Some(restricted()),
         ..Container::default()
@@ -482,6 +493,78 @@ fn volumes(task: &PeragoTask) -> Vec<Volume> {
         },
     ]
 }
+
+/// A private CA bundle for the sidecar: the volume of its ConfigMap or Secret key, where the
+/// sidecar mounts it, and the variable that points the client at it.
+struct CaBundle {
+    volume: Volume,
+    mount: VolumeMount,
+    env: EnvVar,
+}
+
+/// The CA bundles of Conductor and (for workspace tasks) lakeFS that the task names. The key
+/// is optional in the volume: a missing one leaves the file absent, and the sidecar's start
+/// then says which setting and path, where a missing key would hold the pod in
+/// `ContainerCreating` with the reason only in an event.
+fn ca_bundles(task: &PeragoTask, contract: &TaskContract) -> Vec<CaBundle> {
+    let spec = &task.spec;
+    let conductor = spec.conductor.as_ref().and_then(|c| c.tls.as_ref());
+    let lakefs = spec
+        .lakefs
+        .as_ref()
+        .and_then(|l| l.tls.as_ref())
+        .filter(|_| contract.workspace.is_some());
+    [
+        (
+            conductor,
+            pod::CONDUCTOR_CA_VOLUME,
+            "PERAGO_CONDUCTOR_CA_FILE",
+        ),
+        (lakefs, pod::LAKEFS_CA_VOLUME, "PERAGO_LAKEFS_CA_FILE"),
+    ]
+    .into_iter()
+    .filter_map(|(tls, volume, variable)| {
+        let bundle = tls?.ca_bundle_ref.as_ref()?;
+        let dir = format!("{}/{volume}", pod::CA_DIR);
+        let item = |key: &str| {
+            Some(vec![KeyToPath {
+                key: key.to_owned(),
+                path: CA_FILE.to_owned(),
+                mode: None,
+            }])
+        };
+        let volume = Volume {
+            name: volume.to_owned(),
+            config_map: bundle.config_map.as_ref().map(|r| ConfigMapVolumeSource {
+                name: r.name.clone(),
+                items: item(&r.key),
+                optional: Some(true),
+                ..ConfigMapVolumeSource::default()
+            }),
+            secret: bundle.secret.as_ref().map(|r| SecretVolumeSource {
+                secret_name: Some(r.name.clone()),
+                items: item(&r.key),
+                optional: Some(true),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        };
+        Some(CaBundle {
+            mount: VolumeMount {
+                name: volume.name.clone(),
+                mount_path: dir.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            env: env(variable, format!("{dir}/{CA_FILE}")),
+            volume,
+        })
+    })
+    .collect()
+}
+
+/// The file name of a CA bundle in its mount.
+const CA_FILE: &str = "ca.crt";
 
 /// The work volume: an emptyDir bounded at 10Gi unless the task says otherwise, in memory
 /// when asked, or a generic ephemeral volume (a PersistentVolumeClaim per pod).
@@ -561,8 +644,8 @@ mod tests {
   paramsSchema: {type: object}
   resultSchema: {type: object}
   controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}
-  lakefs: {credentialsSecret: lake-creds}
-  conductor: {domain: canary}
+  conductor: {domain: canary, tls: {caBundleRef: {configMap: {name: corp-ca}}}}
+  lakefs: {credentialsSecret: lake-creds, tls: {caBundleRef: {secret: {name: lake-tls, key: bundle.pem}}}}
   executor:
     replicas: 2
     body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
@@ -624,6 +707,42 @@ mod tests {
             env["CONDUCTOR_WORKER_DOMAIN"].value.as_deref(),
             Some("canary")
         );
+        // The CA bundles reach the sidecar alone, each key as ca.crt in a mount of its own.
+        assert_eq!(
+            env["PERAGO_CONDUCTOR_CA_FILE"].value.as_deref(),
+            Some("/etc/perago-ca/perago-conductor-ca/ca.crt")
+        );
+        assert_eq!(
+            env["PERAGO_LAKEFS_CA_FILE"].value.as_deref(),
+            Some("/etc/perago-ca/perago-lakefs-ca/ca.crt")
+        );
+        let volumes = pod.volumes.as_ref().unwrap();
+        let conductor_ca = volumes
+            .iter()
+            .find(|v| v.name == "perago-conductor-ca")
+            .unwrap();
+        let source = conductor_ca.config_map.as_ref().unwrap();
+        assert_eq!(source.name, "corp-ca");
+        let item = &source.items.as_ref().unwrap()[0];
+        assert_eq!(
+            (item.key.as_str(), item.path.as_str()),
+            ("ca.crt", "ca.crt")
+        );
+        let lakefs_ca = volumes
+            .iter()
+            .find(|v| v.name == "perago-lakefs-ca")
+            .unwrap();
+        let source = lakefs_ca.secret.as_ref().unwrap();
+        assert_eq!(source.secret_name.as_deref(), Some("lake-tls"));
+        assert_eq!(source.items.as_ref().unwrap()[0].key, "bundle.pem");
+        let mounts: Vec<&str> = init[1]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert!(mounts.contains(&"perago-conductor-ca") && mounts.contains(&"perago-lakefs-ca"));
         assert_eq!(
             pod.containers[0].command.as_ref().unwrap(),
             &[
@@ -692,7 +811,18 @@ mod tests {
         assert_eq!(pod.security_context.unwrap().run_as_user, Some(1000));
         let volumes = pod.volumes.unwrap();
         let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["perago-work", "tmp", "perago-contract", "models"]);
+        assert_eq!(
+            names,
+            [
+                "perago-work",
+                "tmp",
+                "perago-contract",
+                "perago-conductor-ca",
+                "perago-lakefs-ca",
+                "models"
+            ],
+            "the operator's volumes, then the template's"
+        );
         let claim = volumes[0].ephemeral.as_ref().unwrap();
         let spec = &claim.volume_claim_template.as_ref().unwrap().spec;
         assert_eq!(spec.storage_class_name.as_deref(), Some("local-work"));

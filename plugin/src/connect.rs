@@ -17,6 +17,11 @@ pub struct Endpoints {
     pub conductor: ConductorFlags,
     #[command(flatten)]
     pub lakefs: LakeFsFlags,
+    /// PEM bundle of a private certificate authority trusted for both Conductor and lakeFS,
+    /// beside the built-in and the platform's roots (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS
+    /// store) and the `--conductor-ca-file` and `--lakefs-ca-file` bundles.
+    #[arg(long, env = "PERAGO_CA_FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Timeout of every call (seconds).
     #[arg(long, default_value_t = 30, global = true)]
     pub timeout_seconds: u64,
@@ -67,6 +72,19 @@ impl Endpoints {
         Duration::from_secs(self.timeout_seconds.max(1))
     }
 
+    /// `--ca-file`'s certificates and those of one server's own bundle.
+    fn roots(
+        &self,
+        own: Result<Vec<reqwest::Certificate>, String>,
+    ) -> Result<Vec<reqwest::Certificate>, Failure> {
+        let mut roots = own.map_err(Failure::Usage)?;
+        roots.extend(
+            perago_conductor::trust::roots("--ca-file", self.ca_file.as_deref())
+                .map_err(Failure::Usage)?,
+        );
+        Ok(roots)
+    }
+
     pub fn lakefs(&self) -> Result<LakeFsClient, Failure> {
         let access = self
             .lakefs
@@ -81,11 +99,12 @@ impl Endpoints {
                 )
             })?;
         let endpoint = &access.endpoint;
-        LakeFsClient::new(
+        LakeFsClient::trusting(
             endpoint,
             &access.access_key_id,
             &access.secret_access_key,
             self.timeout(),
+            &self.roots(self.lakefs.roots())?,
         )
         .map_err(|e| Failure::Usage(format!("lakeFS endpoint {endpoint}: {e}")))
     }
@@ -96,7 +115,8 @@ impl Endpoints {
             return Ok(None);
         };
         let credentials = self.conductor.auth.credentials().map_err(Failure::Usage)?;
-        ConductorClient::new(&url, self.timeout(), credentials)
+        let roots = self.roots(self.conductor.roots())?;
+        ConductorClient::trusting(&url, self.timeout(), credentials, &roots)
             .map(Some)
             .map_err(|e| Failure::Usage(format!("Conductor URL {url}: {e}")))
     }

@@ -117,10 +117,11 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
     );
     let conductor = Arc::new(
-        ConductorClient::new(
+        ConductorClient::trusting(
             &checked.conductor_url,
             checked.request_timeout,
             checked.credentials.clone(),
+            &checked.conductor_roots,
         )
         .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
     );
@@ -204,11 +205,12 @@ fn workspace_parts(
         }
         (Some(spec), Some(l)) => (spec, l),
     };
-    let lakefs = LakeFsClient::new(
+    let lakefs = LakeFsClient::trusting(
         &l.endpoint,
         &l.access_key_id,
         &l.secret_access_key,
         l.timeout,
+        &l.roots,
     )
     .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
     // A publish budget bounds the merge; otherwise the sidecar's default does.
@@ -284,8 +286,10 @@ async fn require_task_def(conductor: &ConductorClient, task_name: &str) -> Resul
         Ok(None) => Err(StartError(format!(
             "Conductor TaskDef '{task_name}' is not registered; run perago extract and register it before start"
         ))),
+        // The client's errors leave the URL out; a certificate or address problem needs it.
         Err(e) => Err(StartError(format!(
-            "failed to validate Conductor TaskDef: {e}"
+            "failed to validate Conductor TaskDef: {e} (Conductor {})",
+            conductor.base_url()
         ))),
     }
 }

@@ -143,6 +143,8 @@ impl FaultPoint {
 pub struct RuntimeSettings {
     pub conductor_url: String,
     pub credentials: Option<Credentials>,
+    /// Certificate authorities trusted for Conductor beside the built-in and platform roots.
+    pub conductor_roots: Vec<reqwest::Certificate>,
     /// The task domain polled; `None`: the task type's own queue.
     pub domain: Option<String>,
     pub request_timeout: Duration,
@@ -163,6 +165,8 @@ pub struct LakeFsSettings {
     pub endpoint: String,
     pub access_key_id: String,
     pub secret_access_key: String,
+    /// Certificate authorities trusted for lakeFS beside the built-in and platform roots.
+    pub roots: Vec<reqwest::Certificate>,
     pub timeout: Duration,
     pub transfer_timeout: Duration,
     pub parallelism: usize,
@@ -188,6 +192,7 @@ impl Settings {
             .url()?
             .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
         let credentials = self.conductor.auth.credentials()?;
+        let conductor_roots = self.conductor.roots()?;
         let domain = given("CONDUCTOR_WORKER_DOMAIN", self.conductor_domain.as_deref())?;
         if let Some(problem) = domain.as_deref().and_then(perago_contract::domain::problem) {
             return Err(format!("CONDUCTOR_WORKER_DOMAIN: {problem}"));
@@ -229,6 +234,7 @@ impl Settings {
                     endpoint: access.endpoint,
                     access_key_id: access.access_key_id,
                     secret_access_key: access.secret_access_key,
+                    roots: self.lakefs.roots()?,
                     timeout: Duration::from_secs(self.lakefs_timeout_seconds.max(1)),
                     transfer_timeout: Duration::from_secs(self.transfer_timeout_seconds.max(1)),
                     parallelism: self.transfer_parallelism,
@@ -279,6 +285,7 @@ impl Settings {
         Ok(RuntimeSettings {
             conductor_url,
             credentials,
+            conductor_roots,
             domain,
             request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
             worker_id,

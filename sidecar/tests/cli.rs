@@ -117,6 +117,21 @@ fn start_up_errors_are_clear_and_exit_1() {
         ),
         "{err}"
     );
+    assert!(err.contains("(Conductor http://127.0.0.1:9/api)"), "{err}");
+    // A CA bundle that is not one: the setting and the path, before any call.
+    let mut c = sidecar();
+    base(&mut c);
+    c.env("CONDUCTOR_SERVER_URL", "http://127.0.0.1:9/api")
+        .env("PERAGO_CONDUCTOR_CA_FILE", &contract);
+    let (code, err) = stderr_of(&mut c);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(&format!(
+            "error: PERAGO_CONDUCTOR_CA_FILE={}: holds no PEM certificate",
+            contract.display()
+        )),
+        "{err}"
+    );
     // A broken contract.
     std::fs::write(&contract, "{").unwrap();
     let mut c = sidecar();

@@ -209,6 +209,16 @@ pub fn bad_declarations() -> Vec<(&'static str, Value, &'static str)> {
         ),
         (
             "spec.conductor",
+            yaml("{tls: {caBundleRef: {configMap: {name: corp-ca}, secret: {name: corp-ca}}}}"),
+            "spec.conductor.tls.caBundleRef: caBundleRef names exactly one of configMap and secret",
+        ),
+        (
+            "spec.lakefs",
+            yaml("{tls: {caBundleRef: {secret: {name: corp-ca, key: 'ca/crt'}}}}"),
+            "spec.lakefs.tls.caBundleRef.key: \"ca/crt\" is not a ConfigMap or Secret key",
+        ),
+        (
+            "spec.conductor",
             yaml("{domain: 'eu,us'}"),
             "spec.conductor.domain: \"eu,us\" is not a task domain",
         ),
