@@ -1,7 +1,8 @@
 //! Conductor and lakeFS behind a private certificate authority, on the real node: both servers
 //! serve HTTPS themselves with a certificate from an authority this test makes, and the
 //! operator is installed trusting it (`conductor.caBundleRef`). An executor pod trusts the
-//! servers only with the task's `tls.caBundleRef`; `kubectl perago` only with `--ca-file`.
+//! servers only with the task's `tls.caBundleRef`; `kubectl perago` only with `--ca-file` or
+//! the platform's `SSL_CERT_FILE`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -182,7 +183,7 @@ async fn servers_behind_a_private_ca_are_trusted_with_its_bundle_only() {
     let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
         .unwrap()
         .join("kubectl-perago");
-    let history = |ca_file: Option<&std::path::Path>| {
+    let history = |trust: Option<(&str, &std::path::Path)>| {
         let mut command = std::process::Command::new(&plugin);
         command
             .args(["history", "--repository", &repository, "--branch", "main"])
@@ -194,23 +195,30 @@ async fn servers_behind_a_private_ca_are_trusted_with_its_bundle_only() {
                 LAKEFS_SECRET_ACCESS_KEY,
             )
             .env_remove("CONDUCTOR_SERVER_URL")
-            .env_remove("PERAGO_CA_FILE");
-        if let Some(path) = ca_file {
-            command.arg("--ca-file").arg(path);
-        }
+            .env_remove("PERAGO_CA_FILE")
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR");
+        match trust {
+            Some(("--ca-file", path)) => command.arg("--ca-file").arg(path),
+            Some((variable, path)) => command.env(variable, path),
+            None => &mut command,
+        };
         command.output().unwrap()
     };
     let refused = history(None);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("certificate"), "{stderr}");
-    let trusted = history(Some(&authority.cert));
-    assert_eq!(
-        trusted.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&trusted.stderr)
-    );
-    let view: serde_json::Value = serde_json::from_slice(&trusted.stdout).unwrap();
-    assert_eq!(view["head"], json!(head), "{view}");
+    // The flag, or the platform's own bundle variable (read with the OS store's roots).
+    for trust in ["--ca-file", "SSL_CERT_FILE"] {
+        let trusted = history(Some((trust, &authority.cert)));
+        assert_eq!(
+            trusted.status.code(),
+            Some(0),
+            "{trust}: {}",
+            String::from_utf8_lossy(&trusted.stderr)
+        );
+        let view: serde_json::Value = serde_json::from_slice(&trusted.stdout).unwrap();
+        assert_eq!(view["head"], json!(head), "{trust}: {view}");
+    }
 }

@@ -233,7 +233,7 @@ async fn stall(
     let blocked = status::blocked(&old, task.metadata.generation, reason, &message);
     patch_status(api, task, blocked).await?;
     if !was_stalled {
-        warn!(task = %task.name_any(), reason, %message, "the task cannot go on");
+        warn!(task = %task.name_any(), reason, detail = %message, "the task cannot go on");
         publish_event(ctx, task, EventType::Warning, reason, message).await;
     }
     Ok(())
