@@ -14,6 +14,7 @@ pub mod node;
 pub mod pki;
 pub mod pod;
 pub mod process;
+pub mod prometheus;
 pub mod services;
 
 pub use services::{Selection, Services};

@@ -1,0 +1,205 @@
+//! The operator's and the executor pods' metrics as users collect them: a real Prometheus
+//! scrapes the node with the jobs that the chart's ServiceMonitor and PodMonitor make (the
+//! Prometheus Operator's relabeling, over the targets Kubernetes discovery would find: see
+//! `perago_e2e::prometheus`), and the queries of the shipped scaler examples (KEDA's,
+//! prometheus-adapter's rule) answer with the PeragoTask's own figures.
+
+#![allow(clippy::unwrap_used)]
+
+use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE, RELEASE};
+use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::pod::ConductorApi;
+use perago_e2e::prometheus::{Discovery, Prometheus, pod_monitor_jobs, service_monitor_jobs};
+use perago_e2e::{Selection, shared};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "monitoring";
+
+/// A workspace-free task of `replicas` pods whose body answers at once.
+fn task(name: &str, replicas: i32) -> String {
+    serde_json::to_string(&json!({
+        "apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "taskName": format!("{NAMESPACE}.{name}"),
+            "ownerEmail": "e2e@example.com",
+            "paramsSchema": {"type": "object"},
+            "resultSchema": {"type": "object"},
+            "executor": {
+                "replicas": replicas,
+                "body": {"image": BUSYBOX_BODY_IMAGE, "command": ["sh", "-c", "echo '{}' > \"$PERAGO_RESULT\""]},
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// The chart's metrics Service, ServiceMonitor and PodMonitor, as Helm renders them with both
+/// monitors enabled.
+fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
+    let rendered = cluster
+        .helm(&[
+            "template",
+            RELEASE,
+            "charts/perago-operator",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--kube-version",
+            "1.33.0",
+            "--set",
+            "conductor.url=http://conductor/api",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.podMonitor.enabled=true",
+            "--show-only",
+            "templates/service.yaml",
+            "--show-only",
+            "templates/podmonitor.yaml",
+        ])
+        .unwrap();
+    let documents: Vec<Value> = rendered
+        .split("\n---")
+        .filter_map(|d| serde_yaml::from_str(d).ok())
+        .collect();
+    let of_kind = |kind: &str| {
+        documents
+            .iter()
+            .find(|d| d["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("the chart renders no {kind}:\n{rendered}"))
+    };
+    (
+        of_kind("Service"),
+        of_kind("ServiceMonitor"),
+        of_kind("PodMonitor"),
+    )
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_the_task() {
+    if perago_e2e::node_opted_out(
+        "prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_the_task",
+    ) {
+        return;
+    }
+    let services = shared(Selection::ALL).await;
+    let cluster = Cluster::new(services).unwrap();
+    cluster.install_operator(&[]).unwrap();
+    let (service, service_monitor, pod_monitor) = chart_monitors(&cluster);
+    let dir = services.dir().join("monitoring");
+    let client = services.kube().client().await.unwrap();
+    let discovery = Discovery::start(&dir.join("targets"), client)
+        .await
+        .unwrap();
+    let mut jobs = service_monitor_jobs(&service_monitor, &discovery);
+    // The same scrape without honouring the operator's labels, as the chart had it: the
+    // control that shows what `honorLabels` changes.
+    let mut unhonoured = jobs[0].clone();
+    unhonoured["job_name"] = json!("unhonoured");
+    unhonoured["honor_labels"] = json!(false);
+    unhonoured["relabel_configs"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"replacement": "unhonoured", "target_label": "job"}));
+    jobs.push(unhonoured);
+    jobs.extend(pod_monitor_jobs(&pod_monitor, &discovery));
+    let prometheus = Prometheus::start(&dir, jobs).await.unwrap();
+
+    // `waiting` has no pod, so its work stays queued; `serving` has one.
+    cluster.task_namespace(NAMESPACE).unwrap();
+    cluster.apply(&task("waiting", 0)).unwrap();
+    cluster.apply(&task("serving", 1)).unwrap();
+    cluster.wait_ready(NAMESPACE, "waiting").unwrap();
+    cluster.wait_ready(NAMESPACE, "serving").unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let mut workflows = Vec::new();
+    for case in ["a", "b"] {
+        let id = conductor
+            .start(&format!("{NAMESPACE}.waiting"), case, json!({"params": {}}))
+            .await;
+        workflows.push(id);
+    }
+
+    // Both operator replicas are scraped, under the job the Prometheus Operator names after
+    // the Service; the leader's series carry the PeragoTask's own namespace.
+    let operator_job = service["metadata"]["name"].as_str().unwrap();
+    let scraped = prometheus
+        .value(&format!("count(up{{job=\"{operator_job}\"}} == 1)"))
+        .await
+        .unwrap();
+    assert_eq!(scraped, 2.0, "both operator replicas are up");
+
+    // KEDA's query, as deploy/examples/scalers/keda-scaledobject.yaml has it for this task.
+    let keda = include_str!("../../deploy/examples/scalers/keda-scaledobject.yaml");
+    let query: Value = serde_yaml::from_str(keda).unwrap();
+    let query = query["spec"]["triggers"][0]["metadata"]["query"]
+        .as_str()
+        .unwrap()
+        .replace("data-pipelines", NAMESPACE)
+        .replace("features-build", "waiting");
+    let mut keda_value = 0.0;
+    for _ in 0..100 {
+        keda_value = prometheus.value(&query).await.unwrap();
+        if keda_value == 2.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        keda_value, 2.0,
+        "KEDA's query sees the 2 queued attempts: {query}"
+    );
+
+    // Not honoured, the PeragoTask's namespace becomes `exported_namespace` and the scaler
+    // queries match nothing.
+    let renamed = prometheus
+        .value(&format!(
+            "max(perago_operator_task_queued_attempts{{job=\"unhonoured\",exported_namespace=\"{NAMESPACE}\",name=\"waiting\"}})"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(renamed, 2.0);
+    let unmatched = prometheus
+        .query(&format!(
+            "perago_operator_task_queued_attempts{{job=\"unhonoured\",namespace=\"{NAMESPACE}\"}}"
+        ))
+        .await
+        .unwrap();
+    assert!(unmatched.is_empty(), "{unmatched:?}");
+
+    // prometheus-adapter's rule (docs/autoscaling.md) with the matchers the HPA example gives.
+    let matchers = format!("namespace=\"{NAMESPACE}\",name=\"waiting\"");
+    let adapter = format!(
+        "max by (namespace, name) (perago_operator_task_queued_attempts{{{matchers}}}) \
+         + max by (namespace, name) (perago_operator_task_running_attempts{{{matchers}}})"
+    );
+    assert_eq!(prometheus.value(&adapter).await.unwrap(), 2.0, "{adapter}");
+
+    // The executor pod's sidecar (a native sidecar: an init container) is scraped by the
+    // PodMonitor's job, with the pod's namespace and name as labels.
+    let slots = prometheus
+        .value(&format!(
+            "perago_sidecar_slots{{job=\"{OPERATOR_NAMESPACE}/perago-executors\",namespace=\"{NAMESPACE}\",\
+             pod=~\"serving-perago-.*\",container=\"perago-sidecar\"}}"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(slots, 1.0, "the pod's one slot");
+    let targets = prometheus.targets().await.unwrap();
+    let down: Vec<&Value> = targets.iter().filter(|t| t["health"] != "up").collect();
+    eprintln!(
+        "prometheus: {} targets ({} not up); KEDA's query {keda_value}, the adapter's rule 2",
+        targets.len(),
+        down.len()
+    );
+    for id in workflows {
+        conductor
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/workflow/{id}?reason=test%20done"),
+                None,
+            )
+            .await;
+    }
+}
