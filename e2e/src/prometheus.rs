@@ -98,20 +98,21 @@ impl Prometheus {
             .unwrap_or_default())
     }
 
-    /// The one value of an instant query that must return one series, once it does (a minute at
-    /// most): scrapes and discovery take a few seconds to start.
-    pub async fn value(&self, promql: &str) -> Result<f64> {
+    /// Once an instant query returns one series of value `expected` (a minute at most): each
+    /// job scrapes on its own clock, and discovery takes a few seconds to start.
+    pub async fn expect(&self, promql: &str, expected: f64) -> Result<()> {
         let mut last = Vec::new();
         for _ in 0..300 {
             last = self.query(promql).await?;
             if let [series] = last.as_slice()
                 && let Some(value) = series["value"][1].as_str()
+                && value.parse::<f64>()? == expected
             {
-                return Ok(value.parse()?);
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        bail!("{promql:?} did not return one series within a minute; last {last:?}")
+        bail!("{promql:?} did not return one series of {expected} within a minute; last {last:?}")
     }
 
     /// The active targets, as `/api/v1/targets` lists them.

@@ -123,6 +123,14 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "--set",
             "metrics.podMonitor.enabled=true",
             "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--api-versions",
+            "monitoring.coreos.com/v1/ServiceMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PodMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+            "--set",
             "conductor.credentialsSecret=conductor-key",
         ][..],
     ] {
@@ -208,6 +216,7 @@ async fn install_monitoring_crds(client: &kube::Client) {
     for file in [
         "monitoring.coreos.com_servicemonitors.yaml",
         "monitoring.coreos.com_podmonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml",
     ] {
         let crd: CustomResourceDefinition =
             serde_yaml::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();

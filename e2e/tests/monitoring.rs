@@ -52,22 +52,20 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
             "metrics.serviceMonitor.enabled=true",
             "--set",
             "metrics.podMonitor.enabled=true",
+            "--api-versions",
+            "monitoring.coreos.com/v1/ServiceMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PodMonitor",
             "--show-only",
             "templates/service.yaml",
             "--show-only",
             "templates/podmonitor.yaml",
         ])
         .unwrap();
-    let documents: Vec<Value> = rendered
-        .split("\n---")
-        .filter_map(|d| serde_yaml::from_str(d).ok())
-        .collect();
     let of_kind = |kind: &str| {
-        documents
-            .iter()
-            .find(|d| d["kind"] == kind)
-            .cloned()
-            .unwrap_or_else(|| panic!("the chart renders no {kind}:\n{rendered}"))
+        let document = perago_e2e::yaml_document(&rendered, kind)
+            .unwrap_or_else(|| panic!("the chart renders no {kind}:\n{rendered}"));
+        serde_json::to_value(document).unwrap()
     };
     (
         of_kind("Service"),
@@ -124,11 +122,10 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     // Both operator replicas are scraped, under the job the Prometheus Operator names after
     // the Service; the leader's series carry the PeragoTask's own namespace.
     let operator_job = service["metadata"]["name"].as_str().unwrap();
-    let scraped = prometheus
-        .value(&format!("count(up{{job=\"{operator_job}\"}} == 1)"))
+    prometheus
+        .expect(&format!("count(up{{job=\"{operator_job}\"}} == 1)"), 2.0)
         .await
         .unwrap();
-    assert_eq!(scraped, 2.0, "both operator replicas are up");
 
     // KEDA's query, as deploy/examples/scalers/keda-scaledobject.yaml has it for this task.
     let keda = include_str!("../../deploy/examples/scalers/keda-scaledobject.yaml");
@@ -138,28 +135,19 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .unwrap()
         .replace("data-pipelines", NAMESPACE)
         .replace("features-build", "waiting");
-    let mut keda_value = 0.0;
-    for _ in 0..100 {
-        keda_value = prometheus.value(&query).await.unwrap();
-        if keda_value == 2.0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    assert_eq!(
-        keda_value, 2.0,
-        "KEDA's query sees the 2 queued attempts: {query}"
-    );
+    prometheus.expect(&query, 2.0).await.unwrap();
 
     // Not honoured, the PeragoTask's namespace becomes `exported_namespace` and the scaler
     // queries match nothing.
-    let renamed = prometheus
-        .value(&format!(
-            "max(perago_operator_task_queued_attempts{{job=\"unhonoured\",exported_namespace=\"{NAMESPACE}\",name=\"waiting\"}})"
-        ))
+    prometheus
+        .expect(
+            &format!(
+                "max(perago_operator_task_queued_attempts{{job=\"unhonoured\",exported_namespace=\"{NAMESPACE}\",name=\"waiting\"}})"
+            ),
+            2.0,
+        )
         .await
         .unwrap();
-    assert_eq!(renamed, 2.0);
     let unmatched = prometheus
         .query(&format!(
             "perago_operator_task_queued_attempts{{job=\"unhonoured\",namespace=\"{NAMESPACE}\"}}"
@@ -168,28 +156,39 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .unwrap();
     assert!(unmatched.is_empty(), "{unmatched:?}");
 
+    // The task-not-Ready alert's series: both tasks are Ready.
+    prometheus
+        .expect(
+            &format!("count(perago_operator_task_ready{{namespace=\"{NAMESPACE}\"}} == 1)"),
+            2.0,
+        )
+        .await
+        .unwrap();
+
     // prometheus-adapter's rule (docs/autoscaling.md) with the matchers the HPA example gives.
     let matchers = format!("namespace=\"{NAMESPACE}\",name=\"waiting\"");
     let adapter = format!(
         "max by (namespace, name) (perago_operator_task_queued_attempts{{{matchers}}}) \
          + max by (namespace, name) (perago_operator_task_running_attempts{{{matchers}}})"
     );
-    assert_eq!(prometheus.value(&adapter).await.unwrap(), 2.0, "{adapter}");
+    prometheus.expect(&adapter, 2.0).await.unwrap();
 
     // The executor pod's sidecar (a native sidecar: an init container) is scraped by the
     // PodMonitor's job, with the pod's namespace and name as labels.
-    let slots = prometheus
-        .value(&format!(
-            "perago_sidecar_slots{{job=\"{OPERATOR_NAMESPACE}/perago-executors\",namespace=\"{NAMESPACE}\",\
-             pod=~\"serving-perago-.*\",container=\"perago-sidecar\"}}"
-        ))
+    prometheus
+        .expect(
+            &format!(
+                "perago_sidecar_slots{{job=\"{OPERATOR_NAMESPACE}/perago-executors\",namespace=\"{NAMESPACE}\",\
+                 pod=~\"serving-perago-.*\",container=\"perago-sidecar\"}}"
+            ),
+            1.0,
+        )
         .await
         .unwrap();
-    assert_eq!(slots, 1.0, "the pod's one slot");
     let targets = prometheus.targets().await.unwrap();
     let down: Vec<&Value> = targets.iter().filter(|t| t["health"] != "up").collect();
     eprintln!(
-        "prometheus: {} targets ({} not up); KEDA's query {keda_value}, the adapter's rule 2",
+        "prometheus: {} targets ({} not up); KEDA's query and the adapter's rule gave 2",
         targets.len(),
         down.len()
     );

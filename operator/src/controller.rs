@@ -59,12 +59,19 @@ async fn publish_event(
     }
 }
 
-/// The status, except `lastScale` (see [`record_scale`]).
+/// The status, except `lastScale` (see [`record_scale`]); `perago_operator_task_ready` follows
+/// its Ready condition.
 async fn patch_status(
+    ctx: &Context,
     api: &Api<PeragoTask>,
     task: &PeragoTask,
     status: PeragoTaskStatus,
 ) -> Result<(), Error> {
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    ctx.metrics.task_ready(task).set(i64::from(ready));
     let status = PeragoTaskStatus {
         last_scale: None,
         ..status
@@ -201,7 +208,7 @@ async fn conductor_unavailable(
     let reason = status::CONDUCTOR_UNAVAILABLE;
     let repeated = status::says(&old, "Ready", Some(reason), &message);
     let unavailable = status::conductor_unavailable(&old, task.metadata.generation, &message);
-    if let Err(e) = patch_status(api, task, unavailable).await {
+    if let Err(e) = patch_status(ctx, api, task, unavailable).await {
         warn!(error = %e, "recording the Conductor failure in the status failed");
     }
     if !repeated {
@@ -231,7 +238,7 @@ async fn stall(
     let old = task.status.clone().unwrap_or_default();
     let was_stalled = status::says(&old, "Stalled", Some(reason), &message);
     let blocked = status::blocked(&old, task.metadata.generation, reason, &message);
-    patch_status(api, task, blocked).await?;
+    patch_status(ctx, api, task, blocked).await?;
     if !was_stalled {
         warn!(task = %task.name_any(), reason, detail = %message, "the task cannot go on");
         publish_event(ctx, task, EventType::Warning, reason, message).await;
@@ -362,7 +369,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             publish_event(ctx, &task, EventType::Warning, "ExecutorPodFailing", note).await;
         }
     }
-    patch_status(&api, &task, status::observed(&old, &seen)).await?;
+    patch_status(ctx, &api, &task, status::observed(&old, &seen)).await?;
     Ok(Action::requeue(if scale_in_deferred {
         scaling::SCALE_IN_AFTER_COSTS
     } else if rolled_out {

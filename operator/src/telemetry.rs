@@ -23,6 +23,8 @@ pub struct Metrics {
     task_queued: IntGaugeVec,
     task_running: IntGaugeVec,
     task_replicas: IntGaugeVec,
+    /// 1 while the PeragoTask's `Ready` condition is True (for alerting on tasks not Ready).
+    task_ready: IntGaugeVec,
     /// Set once this process leads and runs the controller.
     pub ready: AtomicBool,
     /// False while the admission webhook (when enabled) does not serve yet.
@@ -81,7 +83,11 @@ impl Metrics {
             "perago_operator_task_replicas",
             "Executor pods the PeragoTask asks for.",
         )?;
-        for gauge in [&task_queued, &task_running, &task_replicas] {
+        let task_ready = per_task(
+            "perago_operator_task_ready",
+            "1 while the PeragoTask's Ready condition is True, else 0.",
+        )?;
+        for gauge in [&task_queued, &task_running, &task_replicas, &task_ready] {
             registry.register(Box::new(gauge.clone()))?;
         }
         registry.register(Box::new(reconciles.clone()))?;
@@ -99,6 +105,7 @@ impl Metrics {
             task_queued,
             task_running,
             task_replicas,
+            task_ready,
             ready: AtomicBool::new(false),
             webhook_ready: AtomicBool::new(true),
         })
@@ -116,6 +123,10 @@ impl Metrics {
         self.task_replicas.with_label_values(&task_labels(task))
     }
 
+    pub fn task_ready(&self, task: &PeragoTask) -> IntGauge {
+        self.task_ready.with_label_values(&task_labels(task))
+    }
+
     pub fn applied(&self, kind: &str, sent: bool) {
         let outcome = if sent { "applied" } else { "unchanged" };
         self.applies.with_label_values(&[kind, outcome]).inc();
@@ -123,7 +134,12 @@ impl Metrics {
 
     /// A deleted task's series go with it.
     pub fn forget_task(&self, task: &PeragoTask) {
-        for gauge in [&self.task_queued, &self.task_running, &self.task_replicas] {
+        for gauge in [
+            &self.task_queued,
+            &self.task_running,
+            &self.task_replicas,
+            &self.task_ready,
+        ] {
             let _ = gauge.remove_label_values(&task_labels(task));
         }
     }

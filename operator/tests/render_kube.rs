@@ -100,6 +100,8 @@ fn the_chart_pod_monitor_selects_rendered_executor_pods() {
                 "conductor.url=http://c/api",
                 "--set",
                 "metrics.podMonitor.enabled=true",
+                "--api-versions",
+                "monitoring.coreos.com/v1/PodMonitor",
             ]),
     );
     let monitor = perago_e2e::yaml_document(&chart, "PodMonitor").expect("a PodMonitor");
