@@ -57,7 +57,8 @@ docs:
 RELEASE_TARGET := x86_64-unknown-linux-musl
 OUT ?= target/release-binaries
 release-binaries: prerequisites
-	$(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-runner -p perago-kubectl --bins
+	PERAGO_REVISION=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
+	  $(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-runner -p perago-kubectl --bins
 	mkdir -p $(OUT)
 	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
 

@@ -115,6 +115,18 @@ impl Prometheus {
         bail!("{promql:?} did not return one series of {expected} within a minute; last {last:?}")
     }
 
+    /// The series of an instant query once it returns any (a minute at most).
+    pub async fn answered(&self, promql: &str) -> Result<Vec<Value>> {
+        for _ in 0..300 {
+            let series = self.query(promql).await?;
+            if !series.is_empty() {
+                return Ok(series);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bail!("{promql:?} returned no series within a minute")
+    }
+
     /// The active targets, as `/api/v1/targets` lists them.
     pub async fn targets(&self) -> Result<Vec<Value>> {
         let answer: Value = self

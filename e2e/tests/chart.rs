@@ -124,6 +124,8 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "metrics.podMonitor.enabled=true",
             "--set",
             "metrics.prometheusRule.enabled=true",
+            "--set",
+            "grafana.dashboard.enabled=true",
             "--api-versions",
             "monitoring.coreos.com/v1/ServiceMonitor",
             "--api-versions",

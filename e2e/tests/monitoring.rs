@@ -15,8 +15,10 @@ use serde_json::{Value, json};
 
 const NAMESPACE: &str = "monitoring";
 
-/// A workspace-free task of `replicas` pods whose body answers at once.
+/// A workspace-free task of `replicas` pods whose body answers at once, or fails when its
+/// params say `fail`; no retries.
 fn task(name: &str, replicas: i32) -> String {
+    let body = "grep -q fail \"$PERAGO_PARAMS\" && exit 3; echo '{}' > \"$PERAGO_RESULT\"";
     serde_json::to_string(&json!({
         "apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
         "metadata": {"name": name, "namespace": NAMESPACE},
@@ -25,18 +27,19 @@ fn task(name: &str, replicas: i32) -> String {
             "ownerEmail": "e2e@example.com",
             "paramsSchema": {"type": "object"},
             "resultSchema": {"type": "object"},
+            "controls": {"retry": {"count": 0}},
             "executor": {
                 "replicas": replicas,
-                "body": {"image": BUSYBOX_BODY_IMAGE, "command": ["sh", "-c", "echo '{}' > \"$PERAGO_RESULT\""]},
+                "body": {"image": BUSYBOX_BODY_IMAGE, "command": ["sh", "-c", body]},
             },
         },
     }))
     .unwrap()
 }
 
-/// The chart's metrics Service, ServiceMonitor and PodMonitor, as Helm renders them with both
-/// monitors enabled.
-fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
+/// The chart's metrics Service, ServiceMonitor, PodMonitor and Grafana dashboard, as Helm
+/// renders them with all enabled.
+fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value, Value) {
     let rendered = cluster
         .helm(&[
             "template",
@@ -52,6 +55,8 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
             "metrics.serviceMonitor.enabled=true",
             "--set",
             "metrics.podMonitor.enabled=true",
+            "--set",
+            "grafana.dashboard.enabled=true",
             "--api-versions",
             "monitoring.coreos.com/v1/ServiceMonitor",
             "--api-versions",
@@ -60,6 +65,8 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
             "templates/service.yaml",
             "--show-only",
             "templates/podmonitor.yaml",
+            "--show-only",
+            "templates/dashboard.yaml",
         ])
         .unwrap();
     let of_kind = |kind: &str| {
@@ -67,10 +74,15 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value) {
             .unwrap_or_else(|| panic!("the chart renders no {kind}:\n{rendered}"));
         serde_json::to_value(document).unwrap()
     };
+    let dashboard = of_kind("ConfigMap")["data"]["perago-k8s.json"]
+        .as_str()
+        .map(|json| serde_json::from_str(json).unwrap())
+        .unwrap();
     (
         of_kind("Service"),
         of_kind("ServiceMonitor"),
         of_kind("PodMonitor"),
+        dashboard,
     )
 }
 
@@ -84,7 +96,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     let services = shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
     cluster.install_operator(&[]).unwrap();
-    let (service, service_monitor, pod_monitor) = chart_monitors(&cluster);
+    let (service, service_monitor, pod_monitor, dashboard) = chart_monitors(&cluster);
     let dir = services.dir().join("monitoring");
     let client = services.kube().client().await.unwrap();
     let discovery = Discovery::start(&dir.join("targets"), client)
@@ -185,10 +197,48 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         )
         .await
         .unwrap();
+    // Every process says which build it runs: two operator replicas and the executor pod.
+    prometheus
+        .expect("count(perago_build_info{job!=\"unhonoured\"} == 1)", 3.0)
+        .await
+        .unwrap();
+
+    // The dashboard after a little work (one attempt published, one failed): every panel's
+    // queries return data, so each names series the project exports.
+    for (case, params) in [("ok", json!({})), ("fails", json!({"fail": true}))] {
+        let id = conductor
+            .start(
+                &format!("{NAMESPACE}.serving"),
+                case,
+                json!({"params": params}),
+            )
+            .await;
+        conductor.finished(&id).await;
+    }
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$namespace", NAMESPACE)
+                .replace("$__rate_interval", "2m");
+            let answered = prometheus.answered(&expr).await;
+            assert!(
+                answered.is_ok(),
+                "panel {:?}: {:?}",
+                panel["title"],
+                answered.err()
+            );
+            queries += 1;
+        }
+    }
+
     let targets = prometheus.targets().await.unwrap();
     let down: Vec<&Value> = targets.iter().filter(|t| t["health"] != "up").collect();
     eprintln!(
-        "prometheus: {} targets ({} not up); KEDA's query and the adapter's rule gave 2",
+        "prometheus: {} targets ({} not up); KEDA's query and the adapter's rule gave 2; \
+         the dashboard's {queries} queries all returned data",
         targets.len(),
         down.len()
     );

@@ -34,6 +34,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        perago_telemetry::register_build_info(&registry)?;
         let reconciles = IntCounterVec::new(
             Opts::new(
                 "perago_operator_reconciles_total",

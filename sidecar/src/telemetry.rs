@@ -143,6 +143,7 @@ impl Metrics {
         instance_id: &str,
     ) -> RegisterResult<Self> {
         let registry = Registry::new();
+        perago_telemetry::register_build_info(&registry)?;
         let r = &registry;
         let on = |pick: fn(&MetricSpec) -> bool| spec.is_some_and(pick);
         let runtime = RuntimeMetrics {

@@ -1,5 +1,6 @@
-//! What the operator and the sidecar share to be observed: one JSON log setup, and the HTTP
-//! server of `/metrics`, `/healthz` and `/readyz` each binary adds its own routes to.
+//! What the operator and the sidecar share to be observed: one JSON log setup, the build's
+//! metric, and the HTTP server of `/metrics`, `/healthz` and `/readyz` each binary adds its
+//! own routes to.
 
 use std::net::SocketAddr;
 
@@ -25,6 +26,27 @@ pub fn init_logging() {
         .with_env_filter(EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// The source revision this build was made from: `PERAGO_REVISION` when it was compiled
+/// (`make release-binaries` sets the commit), else `unknown`.
+pub const REVISION: &str = match option_env!("PERAGO_REVISION") {
+    Some(revision) => revision,
+    None => "unknown",
+};
+
+/// Register `perago_build_info{version, revision}`, always 1: which build a process runs.
+pub fn register_build_info(registry: &prometheus::Registry) -> prometheus::Result<()> {
+    let info = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "perago_build_info",
+            "Always 1, labelled with the version and the source revision of this build.",
+        ),
+        &["version", "revision"],
+    )?;
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), REVISION])
+        .set(1);
+    registry.register(Box::new(info))
 }
 
 /// What a binary tells its probes and scrapes.
