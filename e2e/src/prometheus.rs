@@ -204,36 +204,16 @@ fn keep_namespaces(monitor: &Value) -> Option<Value> {
 /// The jobs the Prometheus Operator makes of a ServiceMonitor (one per endpoint), reading the
 /// targets of the `endpoints` role from `discovery`.
 pub fn service_monitor_jobs(monitor: &Value, discovery: &Discovery) -> Vec<Value> {
-    let namespace = monitor["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or_default();
-    let name = monitor["metadata"]["name"].as_str().unwrap_or_default();
-    let spec = &monitor["spec"];
-    let endpoints = spec["endpoints"].as_array().cloned().unwrap_or_default();
-    endpoints
-        .iter()
-        .enumerate()
-        .map(|(i, endpoint)| {
-            let port = endpoint["port"].as_str().unwrap_or_default();
-            let mut relabels: Vec<Value> = keep_namespaces(monitor).into_iter().collect();
-            relabels.extend(keep_selected("service", &spec["selector"]["matchLabels"]));
-            relabels.extend([
-                json!({"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": port}),
-                relabel(&["__meta_kubernetes_namespace"], "namespace"),
-                relabel(&["__meta_kubernetes_service_name"], "service"),
-                relabel(&["__meta_kubernetes_pod_name"], "pod"),
-                relabel(&["__meta_kubernetes_pod_container_name"], "container"),
-                relabel(&["__meta_kubernetes_service_name"], "job"),
-                json!({"replacement": port, "target_label": "endpoint"}),
-            ]);
-            scrape_job(
-                format!("serviceMonitor/{namespace}/{name}/{i}"),
-                discovery.file(Role::Endpoints),
-                endpoint,
-                relabels,
-            )
-        })
-        .collect()
+    monitor_jobs(monitor, Role::Endpoints, discovery, |port| {
+        vec![
+            relabel(&["__meta_kubernetes_namespace"], "namespace"),
+            relabel(&["__meta_kubernetes_service_name"], "service"),
+            relabel(&["__meta_kubernetes_pod_name"], "pod"),
+            relabel(&["__meta_kubernetes_pod_container_name"], "container"),
+            relabel(&["__meta_kubernetes_service_name"], "job"),
+            json!({"replacement": port, "target_label": "endpoint"}),
+        ]
+    })
 }
 
 /// The jobs the Prometheus Operator makes of a PodMonitor (one per endpoint), reading the
@@ -243,29 +223,59 @@ pub fn pod_monitor_jobs(monitor: &Value, discovery: &Discovery) -> Vec<Value> {
         .as_str()
         .unwrap_or_default();
     let name = monitor["metadata"]["name"].as_str().unwrap_or_default();
-    let spec = &monitor["spec"];
-    let endpoints = spec["podMetricsEndpoints"]
-        .as_array()
-        .cloned()
+    let job = format!("{namespace}/{name}");
+    monitor_jobs(monitor, Role::Pod, discovery, |port| {
+        vec![
+            relabel(&["__meta_kubernetes_namespace"], "namespace"),
+            relabel(&["__meta_kubernetes_pod_container_name"], "container"),
+            relabel(&["__meta_kubernetes_pod_name"], "pod"),
+            json!({"replacement": job, "target_label": "job"}),
+            json!({"replacement": port, "target_label": "endpoint"}),
+        ]
+    })
+}
+
+/// One job per endpoint of a ServiceMonitor (`role` endpoints) or a PodMonitor (`role` pod):
+/// keep the monitor's namespaces, its selected objects and the endpoint's port, then set the
+/// kind's `target_labels` for that port.
+fn monitor_jobs(
+    monitor: &Value,
+    role: Role,
+    discovery: &Discovery,
+    target_labels: impl Fn(&str) -> Vec<Value>,
+) -> Vec<Value> {
+    let namespace = monitor["metadata"]["namespace"]
+        .as_str()
         .unwrap_or_default();
+    let name = monitor["metadata"]["name"].as_str().unwrap_or_default();
+    let spec = &monitor["spec"];
+    let (kind, endpoints, object, port_name) = match role {
+        Role::Endpoints => (
+            "serviceMonitor",
+            "endpoints",
+            "service",
+            "__meta_kubernetes_endpoint_port_name",
+        ),
+        Role::Pod => (
+            "podMonitor",
+            "podMetricsEndpoints",
+            "pod",
+            "__meta_kubernetes_pod_container_port_name",
+        ),
+    };
+    let endpoints = spec[endpoints].as_array().cloned().unwrap_or_default();
     endpoints
         .iter()
         .enumerate()
         .map(|(i, endpoint)| {
             let port = endpoint["port"].as_str().unwrap_or_default();
             let mut relabels: Vec<Value> = keep_namespaces(monitor).into_iter().collect();
-            relabels.extend(keep_selected("pod", &spec["selector"]["matchLabels"]));
-            relabels.extend([
-                json!({"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": port}),
-                relabel(&["__meta_kubernetes_namespace"], "namespace"),
-                relabel(&["__meta_kubernetes_pod_container_name"], "container"),
-                relabel(&["__meta_kubernetes_pod_name"], "pod"),
-                json!({"replacement": format!("{namespace}/{name}"), "target_label": "job"}),
-                json!({"replacement": port, "target_label": "endpoint"}),
-            ]);
+            relabels.extend(keep_selected(object, &spec["selector"]["matchLabels"]));
+            relabels.push(json!({"action": "keep", "source_labels": [port_name], "regex": port}));
+            relabels.extend(target_labels(port));
             scrape_job(
-                format!("podMonitor/{namespace}/{name}/{i}"),
-                discovery.file(Role::Pod),
+                format!("{kind}/{namespace}/{name}/{i}"),
+                discovery.file(role),
                 endpoint,
                 relabels,
             )
