@@ -81,6 +81,8 @@ pub mod env {
     pub const RETRY_COUNT: &str = "PERAGO_RETRY_COUNT";
     pub const EXECUTION_ID: &str = "PERAGO_EXECUTION_ID";
     pub const WORKER_ID: &str = "PERAGO_WORKER_ID";
+    /// W3C trace context of the attempt's `body` span; set only when the sidecar traces.
+    pub const TRACEPARENT: &str = "TRACEPARENT";
 }
 
 /// File names inside an execution directory.

@@ -79,6 +79,10 @@ fn values_the_schema_refuses_name_the_value() {
             "'conductor:8080' does not match pattern",
         ),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        (
+            "tracing.otlpEndpoint=otel-collector:4317",
+            "'otel-collector:4317' does not match pattern",
+        ),
     ] {
         let (ok, _, err) = helm(&[
             "template",

@@ -187,39 +187,6 @@ async fn kubectl_apply_k_installs_the_operator_and_the_examples() {
         out.contains("horizontalpodautoscaler.autoscaling/features-build serverside-applied"),
         "{out}"
     );
-    // The KEDA example, against KEDA's own ScaledObject schema (KEDA itself need not run).
-    let keda = perago_e2e::process::obtain("keda-crds").unwrap();
-    for crd in std::fs::read_dir(&keda).unwrap() {
-        must(&[
-            "apply",
-            "--server-side",
-            "-f",
-            crd.unwrap().path().to_str().unwrap(),
-        ])
-        .await;
-    }
-    must(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/scaledobjects.keda.sh",
-        "--timeout=30s",
-    ])
-    .await;
-    let out = must(&[
-        "apply",
-        "--server-side",
-        "--dry-run=server",
-        "-n",
-        "data-pipelines",
-        "-f",
-        "deploy/examples/scalers/keda-scaledobject.yaml",
-    ])
-    .await;
-    assert!(
-        out.contains("scaledobject.keda.sh/features-build serverside-applied"),
-        "{out}"
-    );
-
     // A manifest the CRD's rules refuse is refused by `apply -k` too, with the rule's message.
     let (ok, _, err) = kubectl(&[
         "apply",

@@ -2,12 +2,14 @@
 //! scrapes the node with the jobs that the chart's ServiceMonitor and PodMonitor make (the
 //! Prometheus Operator's relabeling, over the targets Kubernetes discovery would find: see
 //! `perago_e2e::prometheus`), and the queries of the shipped scaler examples (KEDA's,
-//! prometheus-adapter's rule) answer with the PeragoTask's own figures.
+//! prometheus-adapter's rule) answer with the PeragoTask's own figures. The chart's
+//! `tracing.otlpEndpoint` sends each attempt's trace to a real OpenTelemetry Collector.
 
 #![allow(clippy::unwrap_used)]
 
 use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE, RELEASE};
-use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::collector::Collector;
+use perago_e2e::node::{BRIDGE_IP, BUSYBOX_BODY_IMAGE};
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::prometheus::{Discovery, Prometheus, pod_monitor_jobs, service_monitor_jobs};
 use perago_e2e::{Selection, shared};
@@ -95,9 +97,14 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     }
     let services = shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
-    cluster.install_operator(&[]).unwrap();
-    let (service, service_monitor, pod_monitor, dashboard) = chart_monitors(&cluster);
     let dir = services.dir().join("monitoring");
+    // The collector listens on the node's bridge, which the executor pods reach.
+    let collector = Collector::start(&dir, &BRIDGE_IP.to_string())
+        .await
+        .unwrap();
+    let traced = format!("tracing.otlpEndpoint={}", collector.endpoint);
+    cluster.install_operator(&["--set", &traced]).unwrap();
+    let (service, service_monitor, pod_monitor, dashboard) = chart_monitors(&cluster);
     let client = services.kube().client().await.unwrap();
     let discovery = Discovery::start(&dir.join("targets"), client)
         .await
@@ -139,11 +146,13 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .await
         .unwrap();
 
-    // KEDA's query, as deploy/examples/scalers/keda-scaledobject.yaml has it for this task.
-    let keda = include_str!("../../deploy/examples/scalers/keda-scaledobject.yaml");
-    let query: Value = serde_yaml::from_str(keda).unwrap();
-    let query = query["spec"]["triggers"][0]["metadata"]["query"]
-        .as_str()
+    // The query docs/autoscaling.md gives KEDA's Prometheus trigger, aimed at this task.
+    let autoscaling = include_str!("../../docs/autoscaling.md");
+    let keda = &autoscaling[autoscaling.find("## KEDA").unwrap()..];
+    let query = keda
+        .split("```promql\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
         .unwrap()
         .replace("data-pipelines", NAMESPACE)
         .replace("features-build", "waiting");
@@ -205,6 +214,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
 
     // The dashboard after a little work (one attempt published, one failed): every panel's
     // queries return data, so each names series the project exports.
+    let mut served = Vec::new();
     for (case, params) in [("ok", json!({})), ("fails", json!({"fail": true}))] {
         let id = conductor
             .start(
@@ -214,6 +224,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
             )
             .await;
         conductor.finished(&id).await;
+        served.push(id);
     }
     let mut queries = 0;
     for panel in dashboard["panels"].as_array().unwrap() {
@@ -234,11 +245,48 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         }
     }
 
+    // One trace per attempt reached the collector from the executor pod, saying how it ended.
+    let ids: Vec<&str> = served.iter().map(String::as_str).collect();
+    let traces = collector
+        .traces_where(
+            "perago.workflow.id",
+            &ids,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let roots: Vec<_> = collector
+        .spans()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.name == "attempt")
+        .collect();
+    assert_eq!(roots.len(), 2, "one trace per attempt: {roots:#?}");
+    let statuses: Vec<(&str, &str)> = traces
+        .iter()
+        .map(|t| {
+            let root = &t[0];
+            assert!(
+                root.resource["service.instance.id"]
+                    .as_str()
+                    .is_some_and(|pod| pod.starts_with("serving-perago-")),
+                "{root:#?}"
+            );
+            (
+                root.text("perago.workflow.id").unwrap(),
+                root.text("perago.attempt.status").unwrap(),
+            )
+        })
+        .collect();
+    assert!(statuses.contains(&(ids[0], "COMPLETED")), "{statuses:?}");
+    assert!(statuses.contains(&(ids[1], "FAILED")), "{statuses:?}");
+
     let targets = prometheus.targets().await.unwrap();
     let down: Vec<&Value> = targets.iter().filter(|t| t["health"] != "up").collect();
     eprintln!(
         "prometheus: {} targets ({} not up); KEDA's query and the adapter's rule gave 2; \
-         the dashboard's {queries} queries all returned data",
+         the dashboard's {queries} queries all returned data; the collector holds one trace \
+         per attempt",
         targets.len(),
         down.len()
     );

@@ -202,6 +202,23 @@ pub struct DefaultsArgs {
     /// Secret with the LAKECTL_CREDENTIALS_* keys for workspace tasks that set none.
     #[arg(long, env = "PERAGO_LAKEFS_CREDENTIALS_SECRET")]
     lakefs_credentials_secret: Option<String>,
+    /// OTLP/HTTP URL (`…/v1/traces`) every sidecar sends a trace of each attempt to
+    /// (its `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); unset: no traces.
+    #[arg(long, env = "PERAGO_SIDECAR_OTLP_TRACES_ENDPOINT", value_parser = otlp_url)]
+    sidecar_otlp_traces_endpoint: Option<String>,
+}
+
+/// An OTLP/HTTP endpoint: the sidecar refuses anything else at start, so the operator does
+/// before it renders it into every pod.
+fn otlp_url(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.starts_with("http://") || value.starts_with("https://") {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "must be an http:// or https:// URL (OTLP/HTTP), not {value:?}"
+        ))
+    }
 }
 
 impl DefaultsArgs {
@@ -212,6 +229,7 @@ impl DefaultsArgs {
             conductor_credentials_secret: self.conductor_credentials_secret,
             lakefs_endpoint: self.lakefs_endpoint,
             lakefs_credentials_secret: self.lakefs_credentials_secret,
+            traces_endpoint: self.sidecar_otlp_traces_endpoint.filter(|e| !e.is_empty()),
         }
     }
 }

@@ -37,6 +37,7 @@ pub fn defaults() -> Defaults {
         conductor_credentials_secret: None,
         lakefs_endpoint: Some("http://lakefs:8000".into()),
         lakefs_credentials_secret: Some("default-lake".into()),
+        traces_endpoint: None,
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Defaults {
     pub conductor_credentials_secret: Option<String>,
     pub lakefs_endpoint: Option<String>,
     pub lakefs_credentials_secret: Option<String>,
+    /// Where every sidecar sends its attempt traces (OTLP/HTTP); `None`: no traces.
+    pub traces_endpoint: Option<String>,
 }
 
 pub fn labels(name: &str) -> BTreeMap<String, String> {
@@ -329,6 +331,9 @@ fn sidecar_env(
     ];
     if let Some(domain) = spec.domain() {
         sidecar_env.push(env("CONDUCTOR_WORKER_DOMAIN", domain));
+    }
+    if let Some(endpoint) = &defaults.traces_endpoint {
+        sidecar_env.push(env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint));
     }
     if let Some(secret) = spec
         .conductor
@@ -655,7 +660,11 @@ mod tests {
     fn the_pod_has_the_runner_the_native_sidecar_and_the_wrapped_body() {
         let t = task(SPEC);
         let c = contract::render(&t.spec).unwrap();
-        let d = deployment(&t, &c, &defaults(), 2);
+        let traced = Defaults {
+            traces_endpoint: Some("http://otel:4318/v1/traces".into()),
+            ..defaults()
+        };
+        let d = deployment(&t, &c, &traced, 2);
         assert_eq!(d.metadata.name.as_deref(), Some("features-build-perago"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("data"));
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
@@ -706,6 +715,10 @@ mod tests {
         assert_eq!(
             env["CONDUCTOR_WORKER_DOMAIN"].value.as_deref(),
             Some("canary")
+        );
+        assert_eq!(
+            env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].value.as_deref(),
+            Some("http://otel:4318/v1/traces")
         );
         // The CA bundles reach the sidecar alone, each key as ca.crt in a mount of its own.
         assert_eq!(

@@ -18,6 +18,7 @@ use crate::input::Schemas;
 use crate::otlp::{self, Exporter};
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
+use crate::trace::Tracer;
 use crate::workspace::hard_fence::HardFenceWatch;
 use crate::workspace::janitor::StagingSweep;
 use crate::workspace::{TransferLimits, WorkspaceRuntime};
@@ -150,6 +151,16 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         "sidecar started"
     );
     let exporter = start_exporter(&checked, &metrics)?;
+    let tracer = match checked.traces.clone() {
+        None => None,
+        Some(config) => {
+            let endpoint = config.endpoint.clone();
+            let tracer = Tracer::start(config, &checked.instance_id, metrics.traces.clone())
+                .map_err(|e| StartError(format!("building the OTLP trace exporter failed: {e}")))?;
+            info!(endpoint = %endpoint, "exporting a trace of every attempt over OTLP");
+            Some(tracer)
+        }
+    };
     let runtime = match workspace {
         None => TaskRuntime::WorkspaceFree,
         Some(parts) => parts.runtime(&contract.task_name, &conductor, &metrics),
@@ -164,8 +175,13 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         settings: checked,
         work_dir,
         runtime,
+        tracer,
     });
-    broker.run(stop).await;
+    Arc::clone(&broker).run(stop).await;
+    if let Some(tracer) = &broker.tracer {
+        // The last attempts' traces, each request within the export timeout.
+        tracer.shutdown().await;
+    }
     if let Some((exporter, task)) = exporter {
         // A last export, so the final attempts are not lost with the process.
         task.abort();

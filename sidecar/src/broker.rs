@@ -3,7 +3,7 @@
 //! polling, lets in-flight attempts finish within the grace period, and reports them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use backon::Retryable;
 use serde_json::Value;
@@ -21,6 +21,7 @@ use crate::pipeline::{Attempt, Completion, Sweep};
 use crate::retry;
 use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
+use crate::trace::{AttemptTrace, TraceOutcome, Tracer};
 use crate::workspace::{WorkspaceRuntime, publish};
 use perago_conductor::{ConductorClient, ConductorError};
 use perago_workspace::attempt::{AttemptSnapshot, report_identity};
@@ -34,6 +35,8 @@ pub struct Broker {
     pub settings: RuntimeSettings,
     pub work_dir: std::path::PathBuf,
     pub runtime: TaskRuntime,
+    /// Exports a trace of every attempt; `None` when tracing is off.
+    pub tracer: Option<Tracer>,
 }
 
 /// The two kinds of task, decided once at start-up from the contract.
@@ -113,6 +116,7 @@ impl Broker {
             if leases.is_empty() {
                 continue;
             }
+            let poll_started = SystemTime::now();
             let polled = self
                 .conductor
                 .batch_poll(
@@ -123,6 +127,7 @@ impl Broker {
                     self.settings.poll_wait,
                 )
                 .await;
+            let poll = (poll_started, SystemTime::now());
             let taken = polled.as_ref().map_or(0, Vec::len).min(leases.len());
             for (execution_id, lease) in leases.split_off(taken) {
                 self.hub.release(lease, &execution_id);
@@ -146,7 +151,9 @@ impl Broker {
                         let broker = Arc::clone(&self);
                         let abandon = abandon.clone();
                         inflight.spawn(async move {
-                            broker.attempt(task, execution_id, lease, abandon).await
+                            broker
+                                .attempt(task, poll, execution_id, lease, abandon)
+                                .await
                         });
                     }
                     pacing.after_tasks()
@@ -193,10 +200,16 @@ impl Broker {
     async fn attempt(
         self: Arc<Self>,
         task: Value,
+        poll: (SystemTime, SystemTime),
         execution_id: String,
         lease: Option<Lease>,
         abandon: watch::Receiver<bool>,
     ) {
+        let trace = self.tracer.as_ref().map_or_else(AttemptTrace::off, |t| {
+            t.attempt(poll, &self.contract.task_name)
+        });
+        trace.note_attempt("perago.execution.id", &execution_id);
+        trace.note_attempt("perago.worker.id", &self.settings.worker_id);
         let snapshot = match AttemptSnapshot::from_task(&task) {
             Ok(s) => s,
             Err(e) => {
@@ -206,14 +219,20 @@ impl Broker {
                 match report_identity(&task) {
                     Some((wf, id)) => {
                         let span = info_span!("attempt", workflow_instance_id = %wf, task_id = %id, execution_id = %execution_id);
+                        trace.note_attempt("perago.workflow.id", &wf);
+                        trace.note_attempt("perago.task.id", &id);
                         let error = AttemptError::from(e);
+                        let reason = error.label();
                         self.metrics
                             .attempt_failures
-                            .with_label_values(&[error.label()])
+                            .with_label_values(&[reason])
                             .inc();
-                        self.report(&wf, &id, Outcome::from(error))
+                        let outcome = Outcome::from(error);
+                        let status = outcome.status();
+                        self.report(&wf, &id, outcome, &trace)
                             .instrument(span)
                             .await;
+                        self.finish_trace(trace, status, Some(reason));
                     }
                     None => {
                         error!(error = %e, task = %task, "polled a task that cannot be reported; Conductor's timeout will handle it")
@@ -229,28 +248,42 @@ impl Broker {
             retry_count = snapshot.retry_count,
             execution_id = %execution_id,
         );
+        trace.note_attempt("perago.workflow.id", &snapshot.workflow_instance_id);
+        trace.note_attempt("perago.task.id", &snapshot.task_id);
+        trace.note_attempt("perago.task.reference_name", &snapshot.reference_task_name);
+        trace.note_attempt("perago.attempt.retry_count", snapshot.retry_count);
         async move {
             let started = Instant::now();
             info!(phase = "start", reference_task_name = %snapshot.reference_task_name, "attempt started");
             let keeper = self.keep_lease(&snapshot);
-            let done = self.execute(&snapshot, &execution_id, lease, abandon).await;
+            let done = self.execute(&snapshot, &execution_id, lease, abandon, &trace).await;
             keeper.abort();
             let _ = keeper.await;
             self.metrics.record_attempt_seconds(started.elapsed().as_secs_f64());
-            let (outcome, sweep) = match done {
-                Ok(completion) => (Outcome::Completed(completion.output), completion.sweep),
+            let (outcome, sweep, reason) = match done {
+                Ok(completion) => (Outcome::Completed(completion.output), completion.sweep, None),
                 Err(error) => {
-                    self.metrics.attempt_failures.with_label_values(&[error.label()]).inc();
-                    (Outcome::from(error), None)
+                    let reason = error.label();
+                    self.metrics.attempt_failures.with_label_values(&[reason]).inc();
+                    (Outcome::from(error), None, Some(reason))
                 }
             };
-            self.report(&snapshot.workflow_instance_id, &snapshot.task_id, outcome).await;
+            let status = outcome.status();
+            self.report(&snapshot.workflow_instance_id, &snapshot.task_id, outcome, &trace).await;
             if let Some(sweep) = sweep {
+                trace.mark("sweep");
                 self.sweep_after_report(&snapshot, sweep).await;
             }
+            self.finish_trace(trace, status, reason);
         }
         .instrument(span)
         .await;
+    }
+
+    fn finish_trace(&self, trace: AttemptTrace, status: &str, reason: Option<&str>) {
+        if let Some(tracer) = &self.tracer {
+            tracer.finish(trace, &TraceOutcome { status, reason });
+        }
     }
 
     /// Extend the lease every half response timeout (and not less often than the publish
@@ -301,6 +334,7 @@ impl Broker {
         execution_id: &str,
         lease: Option<Lease>,
         abandon: watch::Receiver<bool>,
+        trace: &AttemptTrace,
     ) -> Result<Completion, AttemptError> {
         let Some(lease) = lease else {
             return Err(AttemptError::NoSlot {
@@ -313,6 +347,7 @@ impl Broker {
             execution_id,
             lease,
             abandon,
+            trace,
         };
         let done = attempt.run().await;
         self.hub.release(lease, execution_id);
@@ -342,7 +377,14 @@ impl Broker {
 
     /// Send the result, retrying transient failures with back-off. A result that cannot be
     /// delivered is logged loudly; Conductor's timeouts take over.
-    async fn report(&self, workflow_instance_id: &str, task_id: &str, mut outcome: Outcome) {
+    async fn report(
+        &self,
+        workflow_instance_id: &str,
+        task_id: &str,
+        mut outcome: Outcome,
+        trace: &AttemptTrace,
+    ) {
+        trace.mark("report");
         if let Some(original_length) =
             outcome.truncate_reason(self.settings.failure_reason_max_length)
         {
@@ -394,6 +436,7 @@ impl Broker {
             }
         };
         self.metrics.results_lost.inc();
+        trace.fail("result_lost", &last);
         error!(
             status,
             workflow_instance_id,

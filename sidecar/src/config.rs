@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::otlp::OtlpConfig;
+use crate::trace::TraceConfig;
 use perago_conductor::Credentials;
 use perago_conductor::flags::ConductorFlags;
 use perago_contract::setting::given;
@@ -156,6 +157,8 @@ pub struct RuntimeSettings {
     pub shutdown_grace: Duration,
     /// OTLP export of the task metrics, when `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set.
     pub otlp: Option<OtlpConfig>,
+    /// OTLP export of attempt traces, when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
+    pub traces: Option<TraceConfig>,
     pub lakefs: Option<LakeFsSettings>,
 }
 
@@ -246,6 +249,7 @@ impl Settings {
             }
         };
         let otlp = OtlpConfig::from_lookup(|name| std::env::var(name).ok())?;
+        let traces = TraceConfig::from_lookup(|name| std::env::var(name).ok())?;
         let instance_id = match given("PERAGO_INSTANCE_ID", self.instance_id.as_deref())? {
             Some(id)
                 if !id
@@ -295,6 +299,7 @@ impl Settings {
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(1)),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             otlp,
+            traces,
             lakefs,
         })
     }

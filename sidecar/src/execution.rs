@@ -17,6 +17,7 @@ use crate::failure::{AttemptError, BodyError, FileError, LocalError};
 use crate::input::Schemas;
 use crate::runner::{Lease, ProcessEnd, RunnerHub};
 use crate::telemetry::Metrics;
+use crate::trace::AttemptTrace;
 use perago_contract::protocol::{env, files};
 use perago_workspace::attempt::AttemptSnapshot;
 
@@ -121,6 +122,8 @@ pub struct Dispatch<'a> {
     pub deadline: Option<Duration>,
     /// Turns true when the sidecar gives up on in-flight work (shutdown grace over).
     pub abandon: watch::Receiver<bool>,
+    /// The attempt's phases, for its trace.
+    pub trace: &'a AttemptTrace,
 }
 
 /// Run the body once on validated params and return its result. `workspace` is the
@@ -157,6 +160,11 @@ pub async fn run_body(
     put(env::RETRY_COUNT, snapshot.retry_count.to_string());
     put(env::EXECUTION_ID, run.execution_id.to_owned());
     put(env::WORKER_ID, run.slot_worker_id.to_owned());
+    run.trace.mark("body");
+    // A traced attempt: the body may continue the trace from its `body` span.
+    if let Some(parent) = run.trace.traceparent() {
+        put(env::TRACEPARENT, parent);
+    }
 
     let task_id = &snapshot.task_id;
     // A body restarting after a crash gets the assignment once it connects again; the
@@ -193,7 +201,14 @@ pub async fn run_body(
     info!(phase = "body", end = ?end, "task body ended");
     let (worker, task_id) = (run.slot_worker_id.to_owned(), task_id.clone());
     Err(match end {
-        ProcessEnd::Exited { code } => return outcome(run.schemas, left, code),
+        ProcessEnd::Exited { code } => {
+            // A body that failed (an exit code or its own error document) fails its own
+            // span; a result is checked in `validate`.
+            if code == 0 && matches!(left.error, Ok(None)) {
+                run.trace.mark("validate");
+            }
+            return outcome(run.schemas, left, code);
+        }
         ProcessEnd::RunnerLost => BodyError::RunnerLost { worker, task_id },
         ProcessEnd::Signalled {
             oom_killed: true, ..

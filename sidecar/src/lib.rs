@@ -14,4 +14,5 @@ pub mod pipeline;
 pub mod retry;
 pub mod runner;
 pub mod telemetry;
+pub mod trace;
 pub mod workspace;

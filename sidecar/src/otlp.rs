@@ -94,11 +94,11 @@ impl OtlpConfig {
     }
 }
 
-fn nanos(t: SystemTime) -> u64 {
+pub(crate) fn nanos(t: SystemTime) -> u64 {
     u64::try_from(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn string_attribute(key: &str, value: &str) -> KeyValue {
+pub(crate) fn string_attribute(key: &str, value: &str) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
         value: Some(AnyValue {
@@ -227,34 +227,44 @@ impl Exporter {
 
     /// POST one request; errors are logged (the next export carries the cumulative values).
     pub async fn export(&self, request: &ExportMetricsServiceRequest) {
-        let mut body = request.encode_to_vec();
-        let mut builder = self
-            .http
-            .post(&self.config.endpoint)
-            .header("Content-Type", "application/x-protobuf");
-        if self.config.gzip {
-            use std::io::Write;
-            let mut encoder =
-                flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-            match encoder.write_all(&body).and_then(|()| encoder.finish()) {
-                Ok(compressed) => {
-                    body = compressed;
-                    builder = builder.header("Content-Encoding", "gzip");
-                }
-                Err(e) => {
-                    warn!(error = %e, "compressing the OTLP export failed; sending it uncompressed")
-                }
+        let body = request.encode_to_vec();
+        match post(&self.http, &self.config.endpoint, self.config.gzip, body).await {
+            Ok(()) => debug!("exported metrics over OTLP"),
+            Err(e) => {
+                warn!(error = %e, endpoint = %self.config.endpoint, "exporting metrics over OTLP failed")
             }
         }
-        match builder.body(body).send().await {
-            Ok(r) if r.status().is_success() => debug!("exported metrics over OTLP"),
-            Ok(r) => {
-                warn!(status = %r.status(), endpoint = %self.config.endpoint, "the OTLP endpoint refused the metrics export")
+    }
+}
+
+/// POST one OTLP/HTTP protobuf request, gzip-compressed when asked. The error says whether
+/// the endpoint answered (and with what) or could not be reached.
+pub(crate) async fn post(
+    http: &reqwest::Client,
+    endpoint: &str,
+    gzip: bool,
+    mut body: Vec<u8>,
+) -> Result<(), String> {
+    let mut builder = http
+        .post(endpoint)
+        .header("Content-Type", "application/x-protobuf");
+    if gzip {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        match encoder.write_all(&body).and_then(|()| encoder.finish()) {
+            Ok(compressed) => {
+                body = compressed;
+                builder = builder.header("Content-Encoding", "gzip");
             }
             Err(e) => {
-                warn!(error = %perago_contract::error_chain(&e), endpoint = %self.config.endpoint, "exporting metrics over OTLP failed")
+                warn!(error = %e, "compressing an OTLP export failed; sending it uncompressed")
             }
         }
+    }
+    match builder.body(body).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(format!("the endpoint answered {}", r.status())),
+        Err(e) => Err(perago_contract::error_chain(&e)),
     }
 }
 

@@ -33,6 +33,7 @@ use crate::execution::{self, Dispatch, ExecutionDir};
 use crate::failure::{AttemptError, FileError, LocalError};
 use crate::input;
 use crate::runner::Lease;
+use crate::trace::AttemptTrace;
 use crate::workspace::guardrails::GuardrailError;
 use crate::workspace::publish::{self, FenceError, PublishBase, StageError};
 use crate::workspace::snapshot::Snapshot;
@@ -80,20 +81,29 @@ pub struct Attempt<'a> {
     pub lease: Lease,
     /// Turns true when the sidecar gives up on in-flight work (shutdown grace over).
     pub abandon: watch::Receiver<bool>,
+    /// The attempt's phases, for its trace.
+    pub trace: &'a AttemptTrace,
 }
 
 impl Attempt<'_> {
     /// The attempt: accept the input, run the transaction in a fresh execution directory,
     /// then remove the staging branch and the directory whatever happened.
     pub async fn run(&self) -> Result<Completion, AttemptError> {
-        let accepted = self.accept_input()?;
-        let dir = self.execution_directory()?;
+        self.trace.mark("input");
+        let (accepted, dir) = self
+            .accept_input()
+            .and_then(|accepted| Ok((accepted, self.execution_directory()?)))
+            .inspect_err(|e| self.failed(e))?;
         let target = match &accepted {
             Accepted::Workspace { ws, runtime, .. } => Some((ws.clone(), *runtime)),
             Accepted::WorkspaceFree { .. } => None,
         };
         let mut staging = None;
         let completion = self.transaction(&dir, accepted, &mut staging).await;
+        if let Err(e) = &completion {
+            self.failed(e);
+        }
+        self.trace.mark("cleanup");
         if let (Some((ws, runtime)), Some(branch)) = (&target, &staging) {
             remove_staging_branch(runtime, &ws.repository, branch).await;
         }
@@ -126,6 +136,11 @@ impl Attempt<'_> {
                 runtime,
             } => (params, ws, runtime),
         };
+        self.trace
+            .note_attempt("perago.lakefs.repository", &ws.repository);
+        self.trace.note_attempt("perago.lakefs.branch", &ws.branch);
+        self.trace
+            .note_attempt("perago.lakefs.input_ref", &ws.reference);
         let root = self.download(rt, dir, &ws).await?;
         self.guardrails(rt, Phase::Pre, &root).await?;
         let before = if rt.spec.read_only {
@@ -164,6 +179,7 @@ impl Attempt<'_> {
             return Ok(completion(Some(&ws.at(&base.base)), result, sweep(None)));
         };
         crash_point(rt, FaultPoint::ExitAfterStage);
+        self.trace.mark("fence");
         self.attempt_fence().await?;
         let merging = Instant::now();
         self.head_check(rt, &ws, &base).await?;
@@ -172,6 +188,7 @@ impl Attempt<'_> {
         self.metrics()
             .record_workspace_io("publish", merging.elapsed().as_secs_f64(), None);
         let reference = merged?;
+        self.trace.note_attempt("perago.lakefs.commit", &reference);
         crash_point(rt, FaultPoint::ExitAfterMerge);
         info!(phase = "publish", reference = %reference, supersedes = base.supersedes.as_deref().unwrap_or(""), "workspace published");
         Ok(completion(
@@ -183,6 +200,11 @@ impl Attempt<'_> {
 
     fn metrics(&self) -> &crate::telemetry::Metrics {
         &self.broker.metrics
+    }
+
+    /// The current phase of the trace failed with `error`.
+    fn failed(&self, error: &AttemptError) {
+        self.trace.fail(error.label(), error);
     }
 
     /// The top-level keys, the workspace object and the params.
@@ -238,6 +260,7 @@ impl Attempt<'_> {
         tokio::fs::create_dir(&root)
             .await
             .map_err(|e| LocalError::from(FileError::new("creating", &root, e)))?;
+        self.trace.mark("download");
         let _timer = self.metrics().time_phase("download");
         let started = Instant::now();
         let downloaded = download::download(
@@ -258,6 +281,9 @@ impl Attempt<'_> {
         })?;
         self.metrics()
             .record_workspace_io("download", seconds, Some(manifest.bytes()));
+        self.trace
+            .note("perago.workspace.objects", manifest.objects.len());
+        self.trace.note("perago.workspace.bytes", manifest.bytes());
         info!(
             phase = "download",
             objects = manifest.objects.len(),
@@ -327,6 +353,7 @@ impl Attempt<'_> {
                 .filter(|s| *s > 0)
                 .map(Duration::from_secs),
             abandon: self.abandon.clone(),
+            trace: self.trace,
         };
         execution::run_body(&run, self.snapshot, dir, params, workspace).await
     }
@@ -341,6 +368,7 @@ impl Attempt<'_> {
         changed: bool,
     ) -> Result<PublishBase, AttemptError> {
         let _timer = self.metrics().time_phase("fence");
+        self.trace.mark("fence");
         self.attempt_fence().await?;
         let lakefs = &rt.lakefs;
         match publish::publish_fence(lakefs, ws, &self.snapshot.logical_task_key()).await {
@@ -399,6 +427,7 @@ impl Attempt<'_> {
         base: &PublishBase,
         staging: &mut Option<String>,
     ) -> Result<Option<Staged>, AttemptError> {
+        self.trace.mark("stage");
         let lakefs = &rt.lakefs;
         let prefix = rt.spec.prefix.as_str();
         let started = Instant::now();
@@ -444,6 +473,14 @@ impl Attempt<'_> {
         let total: u64 = workspace.iter().map(|i| i.size).sum();
         self.metrics()
             .record_workspace_io("upload", started.elapsed().as_secs_f64(), Some(total));
+        self.trace.note("perago.lakefs.staging_branch", &branch);
+        self.trace.note("perago.lakefs.staging_commit", &commit);
+        self.trace
+            .note("perago.workspace.uploads", plan.uploads.len());
+        self.trace
+            .note("perago.workspace.deletes", plan.deletes.len());
+        self.trace
+            .note("perago.workspace.upload_bytes", plan.upload_bytes);
         info!(
             phase = "stage",
             staging_branch = %branch,
@@ -493,6 +530,7 @@ impl Attempt<'_> {
         base: &PublishBase,
         staged: &Staged,
     ) -> Result<String, AttemptError> {
+        self.trace.mark("merge");
         let lakefs = &rt.lakefs;
         let confirm = staged
             .publication

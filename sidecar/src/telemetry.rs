@@ -18,6 +18,7 @@ use serde_json::Value;
 use tracing::warn;
 
 use crate::failure::AttemptError;
+use crate::trace::TraceCounters;
 use perago_contract::spec::RESERVED_METRIC_LABELS;
 use perago_contract::spec::{ApplicationMetricKind, MetricSpec};
 
@@ -49,6 +50,7 @@ pub struct Metrics {
     pub attempt_failures: IntCounterVec,
     pub staging_branches_swept: IntCounter,
     pub hard_fence_installed: IntGaugeVec,
+    pub traces: TraceCounters,
     runtime: RuntimeMetrics,
     application: HashMap<String, AppMetric>,
     task_name: String,
@@ -330,6 +332,19 @@ impl Metrics {
                 )?;
                 r.register(Box::new(g.clone()))?;
                 g
+            },
+            traces: TraceCounters {
+                exported: counter1(
+                    r,
+                    "perago_sidecar_trace_spans_exported_total",
+                    "Attempt spans the OTLP traces endpoint accepted.",
+                )?,
+                dropped: counter(
+                    r,
+                    "perago_sidecar_trace_spans_dropped_total",
+                    "Attempt spans dropped, by reason (queue_full, export_failed).",
+                    &["reason"],
+                )?,
             },
             runtime,
             application,

@@ -750,6 +750,56 @@ async fn task_metrics_are_exported_over_otlp() {
     );
 }
 
+/// A traces endpoint that accepts connections and never answers: the attempts complete all the
+/// same, and the spans the sidecar could not send are dropped and counted; it still stops at
+/// once when told to.
+#[tokio::test]
+async fn a_traces_endpoint_that_never_answers_costs_the_attempts_nothing() {
+    // Connections queue in the listen backlog and no request is ever read.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}/v1/traces", silent.local_addr().unwrap());
+    let c = conductor().await;
+    let task = "rt.tracesilent";
+    let contract = declare(&c, task, DEFAULT_CONTROLS).await;
+    let pod = pod(
+        &c,
+        &contract,
+        DOUBLE,
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "300"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    )
+    .await;
+    for case in ["a", "b"] {
+        let wf = c
+            .finished(&c.start(task, case, json!({"params": {"n": 1}})).await)
+            .await;
+        assert_eq!(only_task(&wf)["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    }
+    // Two workspace-free attempts of 7 spans each, neither accepted.
+    let dropped = "perago_sidecar_trace_spans_dropped_total{reason=\"export_failed\"} 14";
+    let metrics = pod.metrics_with(&[dropped]).await;
+    assert!(metrics.contains(dropped), "{metrics}\n{}", pod.log());
+    assert!(
+        metrics.contains("perago_sidecar_trace_spans_exported_total 0"),
+        "{metrics}"
+    );
+    assert!(
+        pod.log().contains("exporting spans over OTLP failed"),
+        "{}",
+        pod.log()
+    );
+    let stopping = std::time::Instant::now();
+    assert!(pod.stop().await.success());
+    eprintln!(
+        "stopped in {:.1?} with the endpoint silent",
+        stopping.elapsed()
+    );
+    drop(silent);
+}
+
 /// The `perago-runner` the local pod's sidecar started, if one runs now.
 fn runner_of(sidecar: i32) -> Option<i32> {
     std::fs::read_dir("/proc").ok()?.find_map(|entry| {

@@ -1486,3 +1486,154 @@ hooks:
         "the refused deletion is logged with lakeFS's reason:\n{log}"
     );
 }
+
+/// With a traces endpoint, each attempt is one trace in a real OpenTelemetry Collector: the
+/// root span with the attempt's identity and outcome, and a span per phase in the order the
+/// phases ran, the failed phase marked. The body continues the trace from `TRACEPARENT`.
+#[tokio::test]
+async fn each_attempt_is_one_trace_of_its_phases_in_the_collector() {
+    let dir = services()
+        .await
+        .dir()
+        .join(format!("traces-{}", std::process::id()));
+    let collector = perago_e2e::collector::Collector::start(&dir, "127.0.0.1")
+        .await
+        .unwrap();
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-traces", &[("data/a.txt", "a")]).await;
+    let body = format!(
+        "echo \"$TRACEPARENT\" > \"$PERAGO_WORKSPACE/traceparent.txt\"\n\
+         grep -q '\"n\":0' \"$PERAGO_PARAMS\" && exit 3\n{COUNT_FILES}\n"
+    );
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let (api, pod) = task_pod_with(
+        "ws.traces",
+        "{prefix: /data}",
+        controls,
+        &body,
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                collector.endpoint.as_str(),
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let mut runs = Vec::new();
+    for (case, n) in [("published", 1), ("failed", 0)] {
+        let input = json!({"workspace": workspace(&repo, &input), "params": {"n": n}});
+        runs.push(
+            api.finished(&api.start("ws.traces", case, input).await)
+                .await,
+        );
+    }
+    let (published, failed) = (only_task(&runs[0]), only_task(&runs[1]));
+    assert_eq!(published["status"], "COMPLETED", "{}", pod.log());
+    assert_eq!(failed["status"], "FAILED", "{}", pod.log());
+    let ids: Vec<&str> = runs
+        .iter()
+        .map(|wf| wf["workflowId"].as_str().unwrap())
+        .collect();
+    let traces = collector
+        .traces_where("perago.workflow.id", &ids, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let trace_of = |id: &str| {
+        traces
+            .iter()
+            .find(|t| t[0].text("perago.workflow.id") == Some(id))
+            .unwrap()
+    };
+    let names = |trace: &[perago_e2e::collector::Span]| -> Vec<String> {
+        trace.iter().map(|s| s.name.clone()).collect()
+    };
+
+    let ok = trace_of(ids[0]);
+    assert_eq!(
+        names(ok),
+        [
+            "attempt", "poll", "input", "download", "body", "validate", "fence", "stage", "fence",
+            "merge", "cleanup", "report", "sweep"
+        ],
+        "{ok:#?}"
+    );
+    let root = &ok[0];
+    let head = lake.head(&repo).await;
+    for (key, value) in [
+        ("perago.task.type", "ws.traces"),
+        ("perago.task.id", published["taskId"].as_str().unwrap()),
+        ("perago.attempt.status", "COMPLETED"),
+        ("perago.lakefs.repository", repo.as_str()),
+        ("perago.lakefs.branch", "main"),
+        ("perago.lakefs.input_ref", input.as_str()),
+        ("perago.lakefs.commit", head.as_str()),
+    ] {
+        assert_eq!(root.text(key), Some(value), "{key}: {root:#?}");
+    }
+    assert_eq!(root.attributes["perago.attempt.retry_count"], "0");
+    assert_eq!(root.resource["service.name"], "perago-sidecar");
+    assert_eq!(root.error, None);
+    // One trace; the phases are the root's children and follow one another.
+    for span in &ok[1..] {
+        assert_eq!(span.trace_id, root.trace_id);
+        assert_eq!(span.parent_span_id, root.span_id, "{span:#?}");
+        assert!(
+            span.start >= root.start && span.end <= root.end,
+            "{span:#?}"
+        );
+        assert_eq!(span.error, None, "{span:#?}");
+    }
+    for pair in ok[1..].windows(2) {
+        assert!(pair[0].end <= pair[1].start, "{pair:#?}");
+    }
+    let download = &ok[3];
+    assert_eq!(download.attributes["perago.workspace.objects"], "1");
+    let stage = &ok[7];
+    assert!(
+        stage
+            .text("perago.lakefs.staging_branch")
+            .is_some_and(|b| b.starts_with("perago-staging-")),
+        "{stage:#?}"
+    );
+    // The body saw its own span as the parent to continue from.
+    let body_span = &ok[4];
+    assert_eq!(
+        lake.tree(&repo, &head, "data/").await["data/traceparent.txt"],
+        format!("00-{}-{}-01\n", root.trace_id, body_span.span_id)
+    );
+
+    // The failed attempt: its body span and its root say why; no publication phases.
+    let bad = trace_of(ids[1]);
+    assert_eq!(
+        names(bad),
+        [
+            "attempt", "poll", "input", "download", "body", "cleanup", "report"
+        ],
+        "{bad:#?}"
+    );
+    assert_eq!(bad[0].text("perago.attempt.status"), Some("FAILED"));
+    assert_eq!(bad[0].text("perago.failure.reason"), Some("body_exited"));
+    assert_eq!(bad[0].error.as_deref(), Some("FAILED: body_exited"));
+    assert_eq!(bad[4].text("perago.failure.reason"), Some("body_exited"));
+    assert!(
+        bad[4].error.as_deref().is_some_and(|m| m.contains("3")),
+        "{:#?}",
+        bad[4]
+    );
+    assert!(
+        bad[1..]
+            .iter()
+            .filter(|s| s.name != "body")
+            .all(|s| s.error.is_none())
+    );
+
+    let metrics = pod
+        .metrics_with(&["perago_sidecar_trace_spans_exported_total 20"])
+        .await;
+    assert!(
+        metrics.contains("perago_sidecar_trace_spans_exported_total 20"),
+        "{metrics}"
+    );
+    assert!(pod.stop().await.success());
+}

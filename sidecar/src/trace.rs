@@ -1,0 +1,631 @@
+//! Attempt traces over OTLP/HTTP (protobuf), when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
+//!
+//! One trace per attempt: a root span `attempt` and a child per phase, in the order they ran
+//! (poll, input, download, body, validate, fence, stage, fence, merge, cleanup, report,
+//! sweep; a phase that did not run has no span). The phases of an attempt run one after
+//! another, so an [`AttemptTrace`] is a timeline of marks: each mark ends the phase before
+//! it. With tracing off every attempt carries a disabled timeline whose marks return at once.
+//!
+//! Export never holds an attempt up: a finished trace goes to a bounded queue of spans, a
+//! background task sends batches of it, and what does not fit or is not accepted is dropped
+//! and counted (`perago_sidecar_trace_spans_dropped_total`).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{
+    ResourceSpans, ScopeSpans, Span, Status, span, status,
+};
+use prometheus::{IntCounter, IntCounterVec};
+use prost::Message;
+use tokio::sync::{Notify, watch};
+use tracing::{debug, warn};
+
+use crate::otlp::{nanos, post, string_attribute};
+use perago_contract::setting::given;
+
+/// The export settings: the OpenTelemetry variables for traces and the batch span processor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceConfig {
+    pub endpoint: String,
+    pub gzip: bool,
+    /// Longest one export request may take.
+    pub timeout: Duration,
+    /// Longest a finished span waits before it is sent.
+    pub delay: Duration,
+    /// Spans held at most; a trace that does not fit is dropped.
+    pub queue: usize,
+}
+
+/// Spans per export request.
+const BATCH: usize = 512;
+
+fn positive(name: &str, value: Option<String>, default: u64) -> Result<u64, String> {
+    match given(name, value.as_deref())? {
+        None => Ok(default),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("{name} must be a positive integer")),
+        },
+    }
+}
+
+impl TraceConfig {
+    /// `None` when no traces endpoint is set (the other settings are then ignored).
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is the full URL, used as given (`…/v1/traces`).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+        let Some(endpoint) = given(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            lookup("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").as_deref(),
+        )?
+        else {
+            return Ok(None);
+        };
+        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(format!(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be an http:// or https:// URL (OTLP/HTTP), not {endpoint:?}"
+            ));
+        }
+        let gzip = match given(
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            lookup("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION").as_deref(),
+        )?
+        .map(|v| v.to_ascii_lowercase())
+        .as_deref()
+        {
+            None | Some("none") => false,
+            Some("gzip") => true,
+            Some(_) => {
+                return Err(
+                    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION must be 'gzip' or 'none'".into(),
+                );
+            }
+        };
+        let ms =
+            |name: &str, default| positive(name, lookup(name), default).map(Duration::from_millis);
+        let queue = positive(
+            "OTEL_BSP_MAX_QUEUE_SIZE",
+            lookup("OTEL_BSP_MAX_QUEUE_SIZE"),
+            2048,
+        )?;
+        Ok(Some(Self {
+            endpoint,
+            gzip,
+            timeout: ms("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", 10_000)?,
+            delay: ms("OTEL_BSP_SCHEDULE_DELAY", 5_000)?,
+            queue: usize::try_from(queue).unwrap_or(usize::MAX),
+        }))
+    }
+}
+
+/// Counters of the export.
+#[derive(Clone)]
+pub struct TraceCounters {
+    pub exported: IntCounter,
+    /// By reason: `queue_full`, `export_failed`.
+    pub dropped: IntCounterVec,
+}
+
+/// Takes finished traces and sends them in the background.
+pub struct Tracer {
+    queue: Arc<SpanQueue>,
+    stop: watch::Sender<bool>,
+    sender: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+struct SpanQueue {
+    spans: Mutex<VecDeque<Span>>,
+    capacity: usize,
+    /// A full batch is waiting.
+    full: Notify,
+    counters: TraceCounters,
+}
+
+impl SpanQueue {
+    fn push(&self, spans: Vec<Span>) {
+        let n = spans.len();
+        let mut queue = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.len() + n > self.capacity {
+            drop(queue);
+            self.counters
+                .dropped
+                .with_label_values(&["queue_full"])
+                .inc_by(n as u64);
+            return;
+        }
+        queue.extend(spans);
+        let full = queue.len() >= BATCH;
+        drop(queue);
+        if full {
+            self.full.notify_one();
+        }
+    }
+
+    fn take(&self) -> Vec<Span> {
+        let mut queue = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = queue.len().min(BATCH);
+        queue.drain(..n).collect()
+    }
+}
+
+impl Tracer {
+    /// Start the background sender. `instance_id` names this sidecar in the resource.
+    pub fn start(
+        config: TraceConfig,
+        instance_id: &str,
+        counters: TraceCounters,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder().timeout(config.timeout).build()?;
+        let queue = Arc::new(SpanQueue {
+            spans: Mutex::new(VecDeque::new()),
+            capacity: config.queue,
+            full: Notify::new(),
+            counters,
+        });
+        let resource = Resource {
+            attributes: vec![
+                string_attribute("service.name", "perago-sidecar"),
+                string_attribute("service.version", env!("CARGO_PKG_VERSION")),
+                string_attribute("service.instance.id", instance_id),
+            ],
+            ..Resource::default()
+        };
+        let (stop, stopped) = watch::channel(false);
+        let sender = tokio::spawn(send_batches(
+            http,
+            config,
+            Arc::clone(&queue),
+            resource,
+            stopped,
+        ));
+        Ok(Self {
+            queue,
+            stop,
+            sender: tokio::sync::Mutex::new(Some(sender)),
+        })
+    }
+
+    /// A new attempt's timeline; its trace starts with the poll that brought the task.
+    pub fn attempt(&self, poll: (SystemTime, SystemTime), task_type: &str) -> AttemptTrace {
+        AttemptTrace::started(poll, task_type)
+    }
+
+    /// Queue a finished attempt's spans (never waits).
+    pub fn finish(&self, trace: AttemptTrace, outcome: &TraceOutcome<'_>) {
+        if let Some(spans) = trace.into_spans(outcome) {
+            self.queue.push(spans);
+        }
+    }
+
+    /// Send what is queued, then stop the sender; each request within the export timeout.
+    pub async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        if let Some(sender) = self.sender.lock().await.take() {
+            let _ = sender.await;
+        }
+    }
+}
+
+async fn send_batches(
+    http: reqwest::Client,
+    config: TraceConfig,
+    queue: Arc<SpanQueue>,
+    resource: Resource,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(config.delay) => false,
+            () = queue.full.notified() => false,
+            _ = stopped.wait_for(|s| *s) => true,
+        };
+        loop {
+            let spans = queue.take();
+            if spans.is_empty() {
+                break;
+            }
+            let n = spans.len() as u64;
+            let request = ExportTraceServiceRequest {
+                resource_spans: vec![ResourceSpans {
+                    resource: Some(resource.clone()),
+                    scope_spans: vec![ScopeSpans {
+                        scope: Some(InstrumentationScope {
+                            name: "perago".into(),
+                            version: env!("CARGO_PKG_VERSION").into(),
+                            ..InstrumentationScope::default()
+                        }),
+                        spans,
+                        ..ScopeSpans::default()
+                    }],
+                    ..ResourceSpans::default()
+                }],
+            };
+            match post(
+                &http,
+                &config.endpoint,
+                config.gzip,
+                request.encode_to_vec(),
+            )
+            .await
+            {
+                Ok(()) => {
+                    queue.counters.exported.inc_by(n);
+                    debug!(spans = n, "exported spans over OTLP");
+                }
+                Err(e) => {
+                    queue
+                        .counters
+                        .dropped
+                        .with_label_values(&["export_failed"])
+                        .inc_by(n);
+                    warn!(error = %e, endpoint = %config.endpoint, spans = n, "exporting spans over OTLP failed; they are dropped");
+                }
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// How the attempt ended, for the root span.
+pub struct TraceOutcome<'a> {
+    /// The status reported to Conductor (`COMPLETED`, `FAILED`, …).
+    pub status: &'a str,
+    /// The failure's `reason` label, if it failed.
+    pub reason: Option<&'a str>,
+}
+
+/// One attempt's timeline; disabled (every call returns at once) when tracing is off.
+pub struct AttemptTrace(Option<Mutex<Timeline>>);
+
+struct Timeline {
+    trace_id: Vec<u8>,
+    root: Span,
+    done: Vec<Span>,
+    open: Option<Span>,
+}
+
+fn random_id(bytes: usize) -> Vec<u8> {
+    // A version-4 UUID is 122 random bits; a span id takes 8 of its bytes.
+    uuid::Uuid::new_v4().as_bytes()[16 - bytes..].to_vec()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An attribute value a span can carry.
+pub enum AttrValue<'a> {
+    Str(&'a str),
+    Int(i64),
+}
+
+impl<'a> From<&'a str> for AttrValue<'a> {
+    fn from(v: &'a str) -> Self {
+        Self::Str(v)
+    }
+}
+impl<'a> From<&'a String> for AttrValue<'a> {
+    fn from(v: &'a String) -> Self {
+        Self::Str(v)
+    }
+}
+impl From<i64> for AttrValue<'_> {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+impl From<usize> for AttrValue<'_> {
+    fn from(v: usize) -> Self {
+        Self::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+impl From<u64> for AttrValue<'_> {
+    fn from(v: u64) -> Self {
+        Self::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+
+fn key_value(key: &str, value: AttrValue<'_>) -> KeyValue {
+    let value = match value {
+        AttrValue::Str(s) => any_value::Value::StringValue(s.to_owned()),
+        AttrValue::Int(i) => any_value::Value::IntValue(i),
+    };
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+    }
+}
+
+/// Calls to Conductor are client spans; the rest is the sidecar's own work.
+fn kind(phase: &str) -> span::SpanKind {
+    match phase {
+        "poll" | "report" => span::SpanKind::Client,
+        _ => span::SpanKind::Internal,
+    }
+}
+
+impl Timeline {
+    fn child(&self, name: &str, start: SystemTime) -> Span {
+        Span {
+            trace_id: self.trace_id.clone(),
+            span_id: random_id(8),
+            parent_span_id: self.root.span_id.clone(),
+            name: name.to_owned(),
+            kind: kind(name) as i32,
+            start_time_unix_nano: nanos(start),
+            ..Span::default()
+        }
+    }
+
+    fn close(&mut self, at: SystemTime) {
+        if let Some(mut span) = self.open.take() {
+            span.end_time_unix_nano = nanos(at);
+            self.done.push(span);
+        }
+    }
+}
+
+fn error(message: String) -> Option<Status> {
+    Some(Status {
+        code: status::StatusCode::Error as i32,
+        message,
+    })
+}
+
+impl AttemptTrace {
+    /// The timeline of an attempt that is not traced.
+    pub fn off() -> Self {
+        Self(None)
+    }
+
+    fn started((polled, answered): (SystemTime, SystemTime), task_type: &str) -> Self {
+        let trace_id = random_id(16);
+        let root = Span {
+            trace_id: trace_id.clone(),
+            span_id: random_id(8),
+            name: "attempt".into(),
+            kind: span::SpanKind::Consumer as i32,
+            start_time_unix_nano: nanos(polled),
+            attributes: vec![key_value("perago.task.type", task_type.into())],
+            ..Span::default()
+        };
+        let mut timeline = Timeline {
+            trace_id,
+            root,
+            done: Vec::new(),
+            open: None,
+        };
+        timeline.open = Some(timeline.child("poll", polled));
+        timeline.close(answered);
+        Self(Some(Mutex::new(timeline)))
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Timeline)) {
+        if let Some(timeline) = &self.0 {
+            f(&mut timeline.lock().unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+
+    /// The next phase starts now; the one before it ends.
+    pub fn mark(&self, phase: &'static str) {
+        self.with(|t| {
+            let now = SystemTime::now();
+            t.close(now);
+            t.open = Some(t.child(phase, now));
+        });
+    }
+
+    /// An attribute of the current phase.
+    pub fn note<'a>(&self, key: &str, value: impl Into<AttrValue<'a>>) {
+        self.with(|t| {
+            if let Some(span) = &mut t.open {
+                span.attributes.push(key_value(key, value.into()));
+            }
+        });
+    }
+
+    /// An attribute of the whole attempt (the root span).
+    pub fn note_attempt<'a>(&self, key: &str, value: impl Into<AttrValue<'a>>) {
+        self.with(|t| t.root.attributes.push(key_value(key, value.into())));
+    }
+
+    /// The current phase failed: `reason` is the failure's label, `message` what happened.
+    pub fn fail(&self, reason: &str, message: &dyn std::fmt::Display) {
+        self.with(|t| {
+            if let Some(span) = &mut t.open {
+                span.attributes
+                    .push(key_value("perago.failure.reason", reason.into()));
+                span.status = error(message.to_string());
+            }
+        });
+    }
+
+    /// The W3C `traceparent` of the current phase, for the body to continue the trace.
+    pub fn traceparent(&self) -> Option<String> {
+        let timeline = self.0.as_ref()?;
+        let t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        let span = t.open.as_ref()?;
+        Some(format!("00-{}-{}-01", hex(&t.trace_id), hex(&span.span_id)))
+    }
+
+    /// End the attempt now: the root span last, with the outcome.
+    fn into_spans(self, outcome: &TraceOutcome<'_>) -> Option<Vec<Span>> {
+        let mut t = self.0?.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let now = SystemTime::now();
+        t.close(now);
+        t.root.end_time_unix_nano = nanos(now);
+        t.root
+            .attributes
+            .push(key_value("perago.attempt.status", outcome.status.into()));
+        if let Some(reason) = outcome.reason {
+            t.root
+                .attributes
+                .push(key_value("perago.failure.reason", reason.into()));
+            t.root.status = error(format!("{}: {reason}", outcome.status));
+        }
+        let mut spans = t.done;
+        spans.push(t.root);
+        Some(spans)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn counters() -> TraceCounters {
+        TraceCounters {
+            exported: IntCounter::new("e", "e").unwrap(),
+            dropped: IntCounterVec::new(prometheus::Opts::new("d", "d"), &["reason"]).unwrap(),
+        }
+    }
+
+    #[test]
+    fn configuration() {
+        assert_eq!(TraceConfig::from_lookup(lookup(&[])), Ok(None));
+        let ep = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://c:4318/v1/traces",
+        );
+        let c = TraceConfig::from_lookup(lookup(&[ep])).unwrap().unwrap();
+        assert_eq!(
+            c,
+            TraceConfig {
+                endpoint: "http://c:4318/v1/traces".into(),
+                gzip: false,
+                timeout: Duration::from_secs(10),
+                delay: Duration::from_secs(5),
+                queue: 2048,
+            }
+        );
+        let c = TraceConfig::from_lookup(lookup(&[
+            ep,
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "GZIP"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "64"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (c.gzip, c.delay, c.queue),
+            (true, Duration::from_millis(200), 64)
+        );
+        for (vars, message) in [
+            (
+                vec![("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "c:4317")],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be an http:// or https:// URL (OTLP/HTTP), not \"c:4317\"",
+            ),
+            (
+                vec![ep, ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd")],
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION must be 'gzip' or 'none'",
+            ),
+            (
+                vec![ep, ("OTEL_BSP_MAX_QUEUE_SIZE", "0")],
+                "OTEL_BSP_MAX_QUEUE_SIZE must be a positive integer",
+            ),
+            (
+                vec![ep, ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1.5")],
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT must be a positive integer",
+            ),
+        ] {
+            assert_eq!(
+                TraceConfig::from_lookup(lookup(&vars)),
+                Err(message.to_owned())
+            );
+        }
+    }
+
+    #[test]
+    fn a_timeline_becomes_one_trace_of_sequential_phases() {
+        let polled = SystemTime::now();
+        let trace = AttemptTrace::started((polled, polled + Duration::from_millis(3)), "t");
+        trace.mark("input");
+        trace.mark("body");
+        let parent = trace.traceparent().unwrap();
+        trace.note("perago.body.exit_code", 1i64);
+        trace.fail("body_exited", &"exit code 1");
+        trace.mark("report");
+        trace.note_attempt("perago.workflow.id", "wf");
+        let spans = trace
+            .into_spans(&TraceOutcome {
+                status: "FAILED",
+                reason: Some("body_exited"),
+            })
+            .unwrap();
+        let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["poll", "input", "body", "report", "attempt"]);
+        let root = &spans[4];
+        assert!(spans.iter().all(|s| s.trace_id == root.trace_id));
+        assert!(spans[..4].iter().all(|s| s.parent_span_id == root.span_id));
+        // Each phase ends where the next begins; the root spans them all.
+        for w in spans[1..4].windows(2) {
+            assert_eq!(w[0].end_time_unix_nano, w[1].start_time_unix_nano);
+        }
+        assert_eq!(root.start_time_unix_nano, spans[0].start_time_unix_nano);
+        assert!(root.end_time_unix_nano >= spans[3].end_time_unix_nano);
+        let body = &spans[2];
+        assert_eq!(
+            parent,
+            format!("00-{}-{}-01", hex(&root.trace_id), hex(&body.span_id))
+        );
+        assert_eq!(parent.len(), 55);
+        assert_eq!(
+            body.status.as_ref().unwrap().code,
+            status::StatusCode::Error as i32
+        );
+        assert_eq!(spans[3].status, None);
+        assert_eq!(root.status.as_ref().unwrap().message, "FAILED: body_exited");
+        assert_eq!(spans[0].kind, span::SpanKind::Client as i32);
+    }
+
+    #[test]
+    fn off_records_nothing() {
+        let trace = AttemptTrace::off();
+        trace.mark("input");
+        trace.note("k", "v");
+        assert_eq!(trace.traceparent(), None);
+        let outcome = TraceOutcome {
+            status: "COMPLETED",
+            reason: None,
+        };
+        assert!(trace.into_spans(&outcome).is_none());
+    }
+
+    #[test]
+    fn a_full_queue_drops_whole_traces_and_counts_them() {
+        let queue = SpanQueue {
+            spans: Mutex::new(VecDeque::new()),
+            capacity: 5,
+            full: Notify::new(),
+            counters: counters(),
+        };
+        let span = || Span::default();
+        queue.push(vec![span(), span(), span()]);
+        queue.push(vec![span(), span(), span()]);
+        queue.push(vec![span(), span()]);
+        assert_eq!(queue.take().len(), 5);
+        assert_eq!(
+            queue
+                .counters
+                .dropped
+                .with_label_values(&["queue_full"])
+                .get(),
+            3
+        );
+    }
+}
