@@ -233,3 +233,173 @@ async fn install_monitoring_crds(client: &kube::Client) {
     // Discovery caches may lag the new groups by a moment.
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }
+
+/// What a shared cluster's install needs: the chart as a subchart of an umbrella chart that
+/// sets `global`; renamed objects; a PodDisruptionBudget while there is more than one replica;
+/// the operator's pod placed and given environment and volumes; NOTES that say what to do.
+#[tokio::test]
+async fn the_chart_fits_umbrella_charts_and_shared_clusters() {
+    let chart = chart();
+    let chart = chart.to_str().unwrap();
+    let template = |extra: &[&str]| {
+        let mut args = vec![
+            "template",
+            "t",
+            chart,
+            "--kube-version",
+            "1.35.4",
+            "--set",
+            "conductor.url=http://conductor:8080/api",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = helm(&args);
+        assert!(ok, "{extra:?}: {err}");
+        perago_e2e::yaml_documents(&out)
+            .into_iter()
+            .map(|d| serde_json::to_value(d).unwrap())
+            .collect::<Vec<serde_json::Value>>()
+    };
+    let kinds = |objects: &[serde_json::Value]| -> Vec<String> {
+        objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // An umbrella chart whose only dependency is this chart, with `global` set.
+    let umbrella = tempfile::tempdir().unwrap();
+    std::fs::write(
+        umbrella.path().join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n\
+         dependencies: [{name: perago-operator, version: 0.1.0}]\n",
+    )
+    .unwrap();
+    std::fs::create_dir(umbrella.path().join("charts")).unwrap();
+    let sub = umbrella.path().join("charts/perago-operator");
+    let copied = Command::new("cp")
+        .args(["-r", chart, sub.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let (ok, out, err) = helm(&[
+        "template",
+        "platform",
+        umbrella.path().to_str().unwrap(),
+        "--kube-version",
+        "1.35.4",
+        "--set",
+        "global.imageRegistry=registry.example.com",
+        "--set",
+        "perago-operator.conductor.url=http://conductor:8080/api",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("kind: Deployment"), "{out}");
+
+    // Two replicas (the default): a PodDisruptionBudget keeps one up through a drain.
+    let objects = template(&[]);
+    let pdb = objects
+        .iter()
+        .find(|o| o["kind"] == "PodDisruptionBudget")
+        .expect("a PodDisruptionBudget with two replicas");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let deployment = objects.iter().find(|o| o["kind"] == "Deployment").unwrap();
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert!(!kinds(&template(&["--set", "replicas=1"])).contains(&"PodDisruptionBudget".into()));
+    assert!(
+        !kinds(&template(&["--set", "podDisruptionBudget.enabled=false"]))
+            .contains(&"PodDisruptionBudget".into())
+    );
+
+    // Renamed: every object of the release carries the new name.
+    for object in template(&["--set", "fullnameOverride=data-perago"]) {
+        let name = object["metadata"]["name"].as_str().unwrap();
+        assert!(name.starts_with("data-perago"), "{name}");
+    }
+
+    // Placed, labelled and given environment and volumes.
+    let objects = template(&[
+        "--set",
+        "priorityClassName=platform-critical",
+        "--set",
+        "podLabels.team=data",
+        "--set",
+        "podAnnotations.example\\.com/owner=data-platform",
+        "--set",
+        "topologySpreadConstraints[0].maxSkew=1",
+        "--set",
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "--set",
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+        "--set",
+        "extraEnv[0].name=SSL_CERT_FILE",
+        "--set",
+        "extraEnv[0].value=/etc/proxy-ca/ca.crt",
+        "--set",
+        "extraVolumes[0].name=proxy-ca",
+        "--set",
+        "extraVolumes[0].configMap.name=proxy-ca",
+        "--set",
+        "extraVolumeMounts[0].name=proxy-ca",
+        "--set",
+        "extraVolumeMounts[0].mountPath=/etc/proxy-ca",
+    ]);
+    let pod = &objects.iter().find(|o| o["kind"] == "Deployment").unwrap()["spec"]["template"];
+    assert_eq!(pod["metadata"]["labels"]["team"], "data");
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "perago-operator"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["example.com/owner"],
+        "data-platform"
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["priorityClassName"], "platform-critical");
+    assert_eq!(
+        spec["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    assert_eq!(spec["volumes"][0]["configMap"]["name"], "proxy-ca");
+    let container = &spec["containers"][0];
+    assert!(
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "SSL_CERT_FILE" && e["value"] == "/etc/proxy-ca/ca.crt"),
+        "{container}"
+    );
+    assert_eq!(container["volumeMounts"][0]["mountPath"], "/etc/proxy-ca");
+
+    // NOTES say what was installed and what to run next (helm prints them after an install).
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let (ok, out, err) = helm(&[
+        "install",
+        "notes",
+        chart,
+        "--dry-run=client",
+        "--kubeconfig",
+        services.kube().kubeconfig.to_str().unwrap(),
+        "--set",
+        "conductor.url=http://conductor:8080/api",
+    ]);
+    assert!(ok, "{err}");
+    let notes = &out[out.find("NOTES:").expect("NOTES printed")..];
+    for expected in [
+        "2 operator replica(s) (perago-operator)",
+        "kubectl -n default rollout status deployment/perago-operator",
+        "lakefs.endpoint is not set",
+    ] {
+        assert!(
+            notes.contains(expected),
+            "{expected:?} missing from {notes}"
+        );
+    }
+}

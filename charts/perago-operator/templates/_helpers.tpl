@@ -1,12 +1,19 @@
-{{- define "perago.name" -}}perago-operator{{- end -}}
+{{- /* The app's name (label app.kubernetes.io/name, and the names' default). */ -}}
+{{- define "perago.appName" -}}
+{{- .Values.nameOverride | default "perago-operator" | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- /* The objects' name; 52 characters leave room for the longest suffix (-webhook-tls). */ -}}
+{{- define "perago.name" -}}
+{{- .Values.fullnameOverride | default (include "perago.appName" .) | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
 {{- define "perago.labels" -}}
-app.kubernetes.io/name: perago-operator
+app.kubernetes.io/name: {{ include "perago.appName" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- define "perago.selector" -}}
-app.kubernetes.io/name: perago-operator
+app.kubernetes.io/name: {{ include "perago.appName" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
