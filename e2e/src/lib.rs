@@ -6,6 +6,7 @@
 //! Every server runs under `e2e/bin/watchdog`, which stops it when the starting process exits
 //! in any way, so a failed or interrupted test run leaves no server behind.
 
+pub mod adapter;
 pub mod cluster;
 pub mod collector;
 pub mod faults;

@@ -469,6 +469,35 @@ impl Kube {
                     org: Some("system:masters"),
                 },
             )?;
+            // The aggregation layer (an external metrics adapter registers through it): the
+            // apiserver proxies with this client certificate and the request headers below,
+            // which the extension server trusts through the same authority.
+            let front_proxy = ca.issue(
+                "front-proxy-client",
+                "front-proxy-client",
+                &Usage::Client { org: None },
+            )?;
+            api_cmd
+                .arg(format!(
+                    "--requestheader-client-ca-file={}",
+                    ca.cert.display()
+                ))
+                .arg(format!(
+                    "--proxy-client-cert-file={}",
+                    front_proxy.cert.display()
+                ))
+                .arg(format!(
+                    "--proxy-client-key-file={}",
+                    front_proxy.key.display()
+                ))
+                .args([
+                    "--requestheader-allowed-names=front-proxy-client",
+                    "--requestheader-username-headers=X-Remote-User",
+                    "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    // To the extension server's endpoints, not its Service's cluster IP.
+                    "--enable-aggregator-routing=true",
+                ]);
             api_cmd
                 .arg(format!("--tls-cert-file={}", serving.cert.display()))
                 .arg(format!("--tls-private-key-file={}", serving.key.display()))

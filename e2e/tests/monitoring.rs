@@ -1,8 +1,9 @@
 //! The operator's and the executor pods' metrics as users collect them: a real Prometheus
 //! scrapes the node with the jobs that the chart's ServiceMonitor and PodMonitor make (the
 //! Prometheus Operator's relabeling, over the targets Kubernetes discovery would find: see
-//! `perago_e2e::prometheus`), and the queries of the shipped scaler examples (KEDA's,
-//! prometheus-adapter's rule) answer with the PeragoTask's own figures. The chart's
+//! `perago_e2e::prometheus`), and the scaler queries of docs/autoscaling.md (KEDA's,
+//! prometheus-adapter's rule) answer with the PeragoTask's own figures; prometheus-adapter,
+//! run with that rule, feeds the example HPA, which scales a task. The chart's
 //! `tracing.otlpEndpoint` sends each attempt's trace to a real OpenTelemetry Collector.
 
 #![allow(clippy::unwrap_used)]
@@ -21,6 +22,10 @@ const NAMESPACE: &str = "monitoring";
 /// params say `fail`; no retries.
 fn task(name: &str, replicas: i32) -> String {
     let body = "grep -q fail \"$PERAGO_PARAMS\" && exit 3; echo '{}' > \"$PERAGO_RESULT\"";
+    task_with_body(name, replicas, body)
+}
+
+fn task_with_body(name: &str, replicas: i32, body: &str) -> String {
     serde_json::to_string(&json!({
         "apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
         "metadata": {"name": name, "namespace": NAMESPACE},
@@ -130,7 +135,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     cluster.wait_ready(NAMESPACE, "waiting").unwrap();
     cluster.wait_ready(NAMESPACE, "serving").unwrap();
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let mut workflows = Vec::new();
+    let mut workflows: Vec<String> = Vec::new();
     for case in ["a", "b"] {
         let id = conductor
             .start(&format!("{NAMESPACE}.waiting"), case, json!({"params": {}}))
@@ -290,6 +295,95 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         targets.len(),
         down.len()
     );
+    // The HPA example, run: prometheus-adapter serves the rule of docs/autoscaling.md from
+    // this Prometheus, and the HPA scales a task whose six attempts (one slot per pod, each
+    // running a minute) need three pods at the example's two per pod.
+    let autoscaling = include_str!("../../docs/autoscaling.md");
+    let section = &autoscaling[autoscaling.find("## An HPA on external metrics").unwrap()..];
+    let values: Value = serde_yaml::from_str(
+        section
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|block| block.split("```").next())
+            .unwrap(),
+    )
+    .unwrap();
+    let _adapter = perago_e2e::adapter::PrometheusAdapter::start(
+        &dir,
+        &services.kube().kubeconfig,
+        &cluster,
+        NAMESPACE,
+        &prometheus.url,
+        &values["rules"]["external"],
+    )
+    .await
+    .unwrap();
+    cluster
+        .apply(&task_with_body(
+            "busy",
+            1,
+            "sleep 60; echo '{}' > \"$PERAGO_RESULT\"",
+        ))
+        .unwrap();
+    cluster.wait_ready(NAMESPACE, "busy").unwrap();
+    let example = include_str!("../../deploy/examples/scalers/hpa-external-metrics.yaml");
+    let mut hpa: Value = serde_yaml::from_str(example).unwrap();
+    hpa["metadata"]["namespace"] = json!(NAMESPACE);
+    hpa["spec"]["scaleTargetRef"]["name"] = json!("busy");
+    hpa["spec"]["metrics"][0]["external"]["metric"]["selector"]["matchLabels"]["name"] =
+        json!("busy");
+    cluster.apply(&hpa.to_string()).unwrap();
+    for case in 0..6 {
+        let id = conductor
+            .start(
+                &format!("{NAMESPACE}.busy"),
+                &format!("busy-{case}"),
+                json!({"params": {}}),
+            )
+            .await;
+        workflows.push(id);
+    }
+    let client = services.kube().client().await.unwrap();
+    let tasks: kube::Api<perago_api::PeragoTask> = kube::Api::namespaced(client, NAMESPACE);
+    let started = std::time::Instant::now();
+    let (mut replicas, mut ready) = (0, 0);
+    while started.elapsed() < std::time::Duration::from_secs(180) {
+        let task = tasks.get("busy").await.unwrap();
+        replicas = task.spec.executor.replicas;
+        ready = task.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+        if replicas == 3 && ready == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    let hpa_status = cluster
+        .kubectl(&[
+            "get",
+            "hpa",
+            "-n",
+            NAMESPACE,
+            "features-build",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    assert!(
+        replicas == 3 && ready == 3,
+        "the HPA did not scale the task to 3 (replicas {replicas}, ready {ready}):\n{hpa_status}"
+    );
+    let hpa_status: Value = serde_json::from_str(&hpa_status).unwrap();
+    let metric = &hpa_status["status"]["currentMetrics"][0]["external"];
+    assert_eq!(metric["metric"]["name"], "perago_task_work", "{hpa_status}");
+    eprintln!(
+        "HPA on perago_task_work (via prometheus-adapter): the task at 3 pods, all ready, {:.1?} \
+         after 6 attempts were queued; the HPA saw {}",
+        started.elapsed(),
+        metric["current"]
+    );
+    cluster
+        .kubectl(&["delete", "hpa", "-n", NAMESPACE, "features-build"])
+        .unwrap();
+
     for id in workflows {
         conductor
             .call(

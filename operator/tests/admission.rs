@@ -205,6 +205,27 @@ async fn the_webhook_refuses_what_the_check_refuses() {
         ])
         .unwrap();
 
+    // A task someone holds with a finalizer of their own, deleted: it stays, being deleted.
+    let mut held = cases::base();
+    cases::set(&mut held, "metadata.name", "held".into());
+    cases::set(&mut held, "spec.taskName", "admission.held".into());
+    cases::set(
+        &mut held,
+        "metadata.finalizers",
+        cases::yaml("[example.com/hold]"),
+    );
+    apply(&cluster, &[], &held).unwrap();
+    cluster
+        .kubectl(&[
+            "delete",
+            "-n",
+            NAMESPACE,
+            "peragotask",
+            "held",
+            "--wait=false",
+        ])
+        .unwrap();
+
     // With no replica serving, the documented failurePolicy (Fail) refuses spec writes.
     cluster
         .kubectl(&[
@@ -237,6 +258,40 @@ async fn the_webhook_refuses_what_the_check_refuses() {
         "{refused}"
     );
     eprintln!("operator at 0 replicas: {}", refused.trim());
+    // What does not write a spec is not sent to the webhook (its matchConditions): a label on
+    // a task, and the finalizers of a task being deleted, which then goes.
+    cluster
+        .kubectl(&[
+            "label",
+            "-n",
+            NAMESPACE,
+            "peragotask",
+            "warned",
+            "team=data",
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "patch",
+            "-n",
+            NAMESPACE,
+            "peragotask",
+            "held",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "-n",
+            NAMESPACE,
+            "--for=delete",
+            "peragotask/held",
+            "--timeout=30s",
+        ])
+        .unwrap();
     cluster
         .kubectl(&[
             "scale",
