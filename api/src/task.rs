@@ -39,6 +39,7 @@ pub fn object_name(task_name: &str) -> String {
 // Each printcolumn repeats `type_`; clippy mistakes that for a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[kube(
+    doc = "A Conductor task type whose steps run in Perago executor pods: the operator registers its TaskDef, renders the sidecar's task contract, and runs and scales the pods; each attempt works on a lakeFS workspace that is published only if the attempt is still current.",
     group = "perago.io",
     version = "v1alpha1",
     kind = "PeragoTask",
@@ -200,10 +201,13 @@ impl Default for WorkspaceSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskControls {
+    /// What Conductor does when an attempt fails (the TaskDef's retry fields).
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// Time limits of an attempt and of the whole task (the TaskDef's timeout fields).
     #[serde(default)]
     pub timeout: TimeoutPolicy,
+    /// Conductor's limits on how many steps of this task type run at once or per period.
     #[serde(default)]
     pub limits: ExecutionLimits,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -213,17 +217,22 @@ pub struct TaskControls {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RetryPolicy {
+    /// Retries after a failed attempt (`retryCount`); 0: none.
     #[serde(default = "default_retry_count")]
     #[schemars(range(min = 0, max = 10))]
     pub count: i64,
+    /// How the delay between attempts grows (`retryLogic`).
     #[serde(default)]
     pub logic: RetryLogic,
+    /// Delay before a retry (`retryDelaySeconds`).
     #[serde(default = "default_retry_delay")]
     #[schemars(range(min = 0))]
     pub delay_seconds: i64,
+    /// Longest delay a growing back-off reaches (`maxRetryDelaySeconds`); 0: no cap.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub max_delay_seconds: i64,
+    /// Random delay up to this many milliseconds added to each retry (`backoffJitterMs`).
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub jitter_ms: i64,
@@ -260,6 +269,8 @@ pub enum RetryLogic {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TimeoutPolicy {
+    /// What a timed-out attempt does to its workflow (`timeoutPolicy`): retry it, time the
+    /// workflow out, or only alert.
     #[serde(default)]
     pub policy: TimeoutPolicyKind,
     /// Hard cap per attempt, from the first poll; 0 means none. Without a publish budget it is
@@ -272,6 +283,8 @@ pub struct TimeoutPolicy {
     #[serde(default = "default_response_seconds")]
     #[schemars(range(min = 0))]
     pub response_seconds: i64,
+    /// Longest a scheduled step waits to be polled before it times out (`pollTimeoutSeconds`);
+    /// 0: no limit.
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub poll_seconds: i64,
@@ -309,12 +322,15 @@ pub enum TimeoutPolicyKind {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExecutionLimits {
+    /// Steps of this task type running at once across all workflows (`concurrentExecLimit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub concurrent_exec_limit: Option<i64>,
+    /// The period of `rateLimitPerFrequency`, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub rate_limit_frequency_in_seconds: Option<i64>,
+    /// Steps started per period at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub rate_limit_per_frequency: Option<i64>,
@@ -354,12 +370,16 @@ pub struct ExecutorSpec {
     /// the labels it selects on) cannot be set here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<PodTemplate>,
+    /// The executor pods' ServiceAccount (default: the namespace's `default`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// Nodes the executor pods may run on, by label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the executor pods tolerate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// Secrets for pulling the body's and the sidecar's images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
     /// Overrides for the sidecar container.
@@ -428,11 +448,13 @@ pub struct PodTemplate {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::task::free_form_objects")]
     pub topology_spread_constraints: Vec<Map<String, Value>>,
+    /// The pods' PriorityClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
     /// For example gVisor's or Kata's RuntimeClass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class_name: Option<String>,
+    /// The scheduler that places the pods (default: the cluster's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_name: Option<String>,
     /// A Kubernetes `PodSecurityContext`; replaces the operator's (non-root user 65532, group
@@ -447,6 +469,7 @@ pub struct PodTemplate {
     /// Mounts of `volumes` into the body container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// Extra `/etc/hosts` entries of the pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_aliases: Vec<HostAlias>,
     /// A Kubernetes `PodDNSConfig`.
@@ -458,8 +481,10 @@ pub struct PodTemplate {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodMetadata {
+    /// Added to each pod's labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Added to each pod's annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
 }
@@ -475,20 +500,26 @@ fn default_replicas() -> i32 {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BodyContainer {
+    /// The body's image; it needs no Perago software (the runner is copied in).
     pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
     /// The command run for each attempt (required: the runner wraps it).
     #[schemars(length(min = 1))]
     pub command: Vec<String>,
+    /// Arguments after `command`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// The body's environment (beside the `PERAGO_*` variables each attempt sets).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// ConfigMaps and Secrets whose keys become the body's environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_from: Vec<EnvFromSource>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// The body's working directory (default: the image's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub working_dir: Option<String>,
     /// Defaults to the restricted profile when unset.
@@ -499,6 +530,7 @@ pub struct BodyContainer {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarOverrides {
+    /// The sidecar's image (default: the operator's `--sidecar-image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -515,6 +547,7 @@ pub struct AutoscalingSpec {
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub min_replicas: i32,
+    /// Most pods the autoscaler asks for.
     #[schemars(range(min = 1))]
     pub max_replicas: i32,
     /// Work items per pod the autoscaler aims for: queued tasks plus attempts running.
@@ -585,6 +618,7 @@ pub struct CaBundleRef {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyRef {
+    /// The ConfigMap's or Secret's name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
     /// Default `ca.crt`.
@@ -625,6 +659,7 @@ pub enum DeletionPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PeragoTaskStatus {
+    /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready`, `Reconciling` and `Stalled`, as kstatus reads them.
@@ -634,6 +669,7 @@ pub struct PeragoTaskStatus {
     /// Desired executor pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
+    /// Executor pods ready: the runner connected and the sidecar polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<i32>,
     /// Label selector of the executor pods (for `/scale`).
@@ -659,7 +695,9 @@ pub struct PeragoTaskStatus {
 pub struct ScaleDecision {
     /// When the operator changed the replicas (microseconds).
     pub time: MicroTime,
+    /// Replicas before.
     pub from: i32,
+    /// Replicas after.
     pub to: i32,
     /// The figures behind it, e.g. `3 queued + 1 running at 2 per pod: 2 pods`.
     pub reason: String,

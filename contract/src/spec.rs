@@ -23,6 +23,7 @@ fn default_true() -> bool {
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Guardrail {
+    /// `requireFile`, `requireDir`, `requireGlob` or `forbidGlob`.
     pub kind: GuardrailKind,
     /// Path (requireFile, requireDir) or glob pattern (requireGlob, forbidGlob), relative to the
     /// workspace root.
@@ -96,11 +97,13 @@ impl Default for MetricSpec {
 pub struct ApplicationMetric {
     /// Name without the `app_` prefix the sidecar adds.
     pub name: String,
+    /// `histogram`, `gauge` or `timer` (a histogram of seconds).
     pub kind: ApplicationMetricKind,
     /// Label keys the body may set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "schemars", schemars(length(max = 16)))]
     pub labels: Vec<String>,
+    /// The metric's help text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
 }
@@ -120,8 +123,10 @@ pub enum ApplicationMetricKind {
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PublishBudget {
+    /// The 99th percentile of the merges measured on this lakeFS (what the budget is sized for).
     #[cfg_attr(feature = "schemars", schemars(range(min = 0)))]
     pub observed_merge_p99_seconds: i64,
+    /// Time added to the observed merge for the rest of the publication.
     #[cfg_attr(feature = "schemars", schemars(range(min = 0)))]
     pub safety_margin_seconds: i64,
     /// Per-request timeout of the lakeFS merge.
