@@ -297,7 +297,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     );
     // The HPA example, run: prometheus-adapter serves the rule of docs/autoscaling.md from
     // this Prometheus, and the HPA scales a task whose six attempts (one slot per pod, each
-    // running a minute) need three pods at the example's two per pod.
+    // running half a minute) need three pods at the example's two per pod.
     let autoscaling = include_str!("../../docs/autoscaling.md");
     let section = &autoscaling[autoscaling.find("## An HPA on external metrics").unwrap()..];
     let values: Value = serde_yaml::from_str(
@@ -322,7 +322,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .apply(&task_with_body(
             "busy",
             1,
-            "sleep 60; echo '{}' > \"$PERAGO_RESULT\"",
+            "sleep 30; echo '{}' > \"$PERAGO_RESULT\"",
         ))
         .unwrap();
     cluster.wait_ready(NAMESPACE, "busy").unwrap();
