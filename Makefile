@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench bench-quick lint crds check-crds manifests docs release-binaries check-images obtain prerequisites services-up services-down clean
+.PHONY: build demo test bench bench-quick lint crds check-crds manifests chart-readme docs release-binaries check-images obtain prerequisites services-up services-down clean
 
 ## Check, and install when missing (Debian packages as root, the musl target), what the
 ## targets below need; silent and well under a second when everything is present.
@@ -79,6 +79,10 @@ lint: prerequisites
 crds:
 	$(CARGO) run -q -p perago-operator -- crd > crds/peragotasks.perago.io.yaml
 	cp crds/peragotasks.perago.io.yaml charts/perago-operator/crds/
+
+## Regenerate the chart's README from its values and schema (a test fails when it drifts).
+chart-readme:
+	PERAGO_WRITE_CHART_README=1 $(CARGO) test -q -p perago-e2e --test chart the_chart_readme_lists_every_value
 
 ## Regenerate the kustomize base from the chart (a test fails when it drifts).
 manifests: crds

@@ -7,6 +7,7 @@
 //! in any way, so a failed or interrupted test run leaves no server behind.
 
 pub mod adapter;
+pub mod chart_readme;
 pub mod cluster;
 pub mod collector;
 pub mod faults;

@@ -403,3 +403,25 @@ async fn the_chart_fits_umbrella_charts_and_shared_clusters() {
         );
     }
 }
+
+/// The chart's README lists every value with its type, default and comment; it is generated
+/// (`make chart-readme`) and this fails when the committed one is stale.
+#[test]
+fn the_chart_readme_lists_every_value() {
+    let chart = chart();
+    let values = std::fs::read_to_string(chart.join("values.yaml")).unwrap();
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).unwrap())
+            .unwrap();
+    let rendered =
+        perago_e2e::chart_readme::render(&values, &schema).unwrap_or_else(|e| panic!("{e:#}"));
+    let path = chart.join("README.md");
+    if std::env::var_os("PERAGO_WRITE_CHART_README").is_some() {
+        std::fs::write(&path, &rendered).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == rendered,
+        "charts/perago-operator/README.md is stale: run `make chart-readme`"
+    );
+}

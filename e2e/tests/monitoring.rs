@@ -44,9 +44,9 @@ fn task_with_body(name: &str, replicas: i32, body: &str) -> String {
     .unwrap()
 }
 
-/// The chart's metrics Service, ServiceMonitor, PodMonitor and Grafana dashboard, as Helm
-/// renders them with all enabled.
-fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value, Value) {
+/// The chart's metrics Service, ServiceMonitor, PodMonitor, Grafana dashboard and
+/// PrometheusRule, as Helm renders them with all enabled.
+fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value, Value, Value) {
     let rendered = cluster
         .helm(&[
             "template",
@@ -64,16 +64,22 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value, Value) {
             "metrics.podMonitor.enabled=true",
             "--set",
             "grafana.dashboard.enabled=true",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
             "--api-versions",
             "monitoring.coreos.com/v1/ServiceMonitor",
             "--api-versions",
             "monitoring.coreos.com/v1/PodMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
             "--show-only",
             "templates/service.yaml",
             "--show-only",
             "templates/podmonitor.yaml",
             "--show-only",
             "templates/dashboard.yaml",
+            "--show-only",
+            "templates/prometheusrule.yaml",
         ])
         .unwrap();
     let of_kind = |kind: &str| {
@@ -90,6 +96,7 @@ fn chart_monitors(cluster: &Cluster) -> (Value, Value, Value, Value) {
         of_kind("ServiceMonitor"),
         of_kind("PodMonitor"),
         dashboard,
+        of_kind("PrometheusRule"),
     )
 }
 
@@ -109,7 +116,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .unwrap();
     let traced = format!("tracing.otlpEndpoint={}", collector.endpoint);
     cluster.install_operator(&["--set", &traced]).unwrap();
-    let (service, service_monitor, pod_monitor, dashboard) = chart_monitors(&cluster);
+    let (service, service_monitor, pod_monitor, dashboard, rules) = chart_monitors(&cluster);
     let client = services.kube().client().await.unwrap();
     let discovery = Discovery::start(&dir.join("targets"), client)
         .await
@@ -250,6 +257,23 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         }
     }
 
+    // Every alert's expression evaluates on what Prometheus scraped (`promtool test rules`
+    // covers when each fires: e2e/tests/alerts.rs).
+    let mut alerts = 0;
+    for group in rules["spec"]["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let expr = rule["expr"].as_str().unwrap();
+            let evaluated = prometheus.query(expr).await;
+            assert!(
+                evaluated.is_ok(),
+                "alert {}: {:?}",
+                rule["alert"],
+                evaluated.err()
+            );
+            alerts += 1;
+        }
+    }
+
     // One trace per attempt reached the collector from the executor pod, saying how it ended.
     let ids: Vec<&str> = served.iter().map(String::as_str).collect();
     let traces = collector
@@ -290,8 +314,8 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     let down: Vec<&Value> = targets.iter().filter(|t| t["health"] != "up").collect();
     eprintln!(
         "prometheus: {} targets ({} not up); KEDA's query and the adapter's rule gave 2; \
-         the dashboard's {queries} queries all returned data; the collector holds one trace \
-         per attempt",
+         the dashboard's {queries} queries all returned data; the {alerts} alert expressions \
+         evaluated; the collector holds one trace per attempt",
         targets.len(),
         down.len()
     );
