@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench bench-quick lint crds check-crds manifests chart-readme docs release-binaries check-images obtain prerequisites services-up services-down clean
+.PHONY: build demo test bench bench-quick lint crds check-crds manifests chart-readme docs release-binaries release check-images obtain prerequisites services-up services-down clean
 
 ## Check, and install when missing (Debian packages as root, the musl target), what the
 ## targets below need; silent and well under a second when everything is present.
@@ -62,6 +62,13 @@ release-binaries: prerequisites
 	mkdir -p $(OUT)
 	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
 
+## A release: multi-architecture images (image indexes), the chart as an OCI artifact with its
+## images pinned by digest, a CycloneDX SBOM per image, kubectl-perago archives and their krew
+## manifest, pushed to REGISTRY (docs/release.md). VERSION=x.y.z REGISTRY=host[:port]/path;
+## ARCHS (default "amd64 arm64"), PLAIN_HTTP=1, KREW_BASE_URL are optional.
+release:
+	VERSION="$(VERSION)" REGISTRY="$(REGISTRY)" e2e/bin/release
+
 ## Lint the Dockerfile and check the binaries it ships (static, run as the image's user).
 check-images: prerequisites
 	e2e/bin/obtain hadolint >/dev/null
@@ -73,7 +80,7 @@ lint: prerequisites
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
-	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test fuzz/run deploy/krew/manifest .ci/run
+	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test e2e/bin/release fuzz/run deploy/krew/manifest .ci/run
 
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:

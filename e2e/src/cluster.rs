@@ -1,6 +1,6 @@
 //! Using the node as a user would: kubectl and Helm with the admin kubeconfig, the operator
-//! installed from the chart with the images the node holds, and task namespaces that enforce
-//! Pod Security `restricted`.
+//! installed from the release in the node's registry (`helm install oci://…`, images pulled from
+//! there), and task namespaces that enforce Pod Security `restricted`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::Services;
-use crate::node::{OPERATOR_IMAGE, SIDECAR_IMAGE};
 use crate::process::obtain;
+use crate::registry::Release;
 use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 
 /// The namespace the operator is installed in, and its Helm release.
@@ -30,6 +30,7 @@ pub struct Cluster {
     repo: PathBuf,
     conductor_url: String,
     lakefs_endpoint: String,
+    release: Release,
 }
 
 impl Cluster {
@@ -44,6 +45,7 @@ impl Cluster {
             repo: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
             conductor_url: services.conductor().api_url.clone(),
             lakefs_endpoint: services.lakefs().endpoint.clone(),
+            release: services.node().release.clone(),
         })
     }
 
@@ -169,17 +171,25 @@ impl Cluster {
         Ok(())
     }
 
-    /// `helm install` of the chart with the node's images, pointed at the harness's Conductor
-    /// and lakeFS on the bridge address, waiting until the operator is available. Returns how
-    /// long the install took.
+    /// The release in the node's registry that installs come from.
+    pub fn release(&self) -> &Release {
+        &self.release
+    }
+
+    /// `helm install oci://…` of the released chart (its images pulled from the node's
+    /// registry), pointed at the harness's Conductor and lakeFS on the bridge address, waiting
+    /// until the operator is available. Returns how long the install took.
     pub fn install_operator(&self, extra: &[&str]) -> Result<Duration> {
         let started = Instant::now();
         self.restricted_namespace(OPERATOR_NAMESPACE)?;
-        let sets = self.release_values()?;
+        let sets = self.release_values();
         let mut args = vec![
             "install",
             RELEASE,
-            "charts/perago-operator",
+            &self.release.chart,
+            "--version",
+            &self.release.version,
+            "--plain-http",
             "--namespace",
             OPERATOR_NAMESPACE,
             "--wait",
@@ -226,19 +236,14 @@ impl Cluster {
         answered
     }
 
-    /// The chart values every install here sets: the node's images, the harness's servers.
-    fn release_values(&self) -> Result<Vec<String>> {
-        let (image, image_tag) = OPERATOR_IMAGE.rsplit_once(':').context("operator image")?;
-        let (sidecar, sidecar_tag) = SIDECAR_IMAGE.rsplit_once(':').context("sidecar image")?;
-        Ok(vec![
-            format!("image.repository={image}"),
-            format!("image.tag={image_tag}"),
-            format!("sidecarImage.repository={sidecar}"),
-            format!("sidecarImage.tag={sidecar_tag}"),
+    /// The chart values every install here sets: the harness's servers (the images are the
+    /// released chart's own).
+    fn release_values(&self) -> Vec<String> {
+        vec![
             format!("conductor.url={}", self.conductor_url),
             format!("lakefs.endpoint={}", self.lakefs_endpoint),
             format!("lakefs.credentialsSecret={LAKEFS_SECRET}"),
-        ])
+        ]
     }
 
     /// The chart's staging-branch CronJob (`stagingGc`) for `repositories`, rendered with the
@@ -250,7 +255,7 @@ impl Cluster {
              stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: {LAKEFS_ACCESS_KEY_ID}\n  \
              LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: {LAKEFS_SECRET_ACCESS_KEY}\n"
         ))?;
-        let mut sets = self.release_values()?;
+        let mut sets = self.release_values();
         sets.push("stagingGc.enabled=true".into());
         sets.push(format!(
             "stagingGc.repositories={{{}}}",
@@ -259,7 +264,10 @@ impl Cluster {
         let mut args = vec![
             "template",
             RELEASE,
-            "charts/perago-operator",
+            &self.release.chart,
+            "--version",
+            &self.release.version,
+            "--plain-http",
             "--namespace",
             OPERATOR_NAMESPACE,
             "--kube-version",

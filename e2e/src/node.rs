@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{Node as NodeObject, ServiceAccount};
 
 use crate::pki::{Authority, Usage};
 use crate::process::{ServerProcess, bin_dir, free_port, obtain, wait_ready};
+use crate::registry::{Registry, Release};
 
 /// The pod network's bridge, made by the harness; its address is where pods reach the servers.
 pub const BRIDGE: &str = "perago0";
@@ -34,9 +35,8 @@ const LOCK: &str = "/run/perago-e2e-node.lock";
 /// How long to wait for another run's node (and its clean-up) to finish.
 const LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
 
-/// The images the node's containerd holds, by the name tests use.
-pub const OPERATOR_IMAGE: &str = "localhost/perago/perago-operator:e2e";
-pub const SIDECAR_IMAGE: &str = "localhost/perago/perago-sidecar:e2e";
+/// The test images the node's containerd holds, by the name tests use (the project's own
+/// images are pulled from the release in the node's registry: `crate::registry`).
 pub const PAUSE_IMAGE: &str = "localhost/perago/pause:e2e";
 pub const BUSYBOX_BODY_IMAGE: &str = "localhost/perago/body-busybox:e2e";
 pub const COMPILED_BODY_IMAGE: &str = "localhost/perago/body-compiled:e2e";
@@ -183,15 +183,26 @@ fn run(command: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// containerd with everything it keeps inside the run's directory, and the images imported.
+/// containerd with everything it keeps inside the run's directory, the test images imported,
+/// and pulling from the harness's registry over plain HTTP.
 pub struct Containerd {
     pub socket: PathBuf,
     _process: ServerProcess,
 }
 
 impl Containerd {
-    pub async fn start(dir: &Path, images: &[(String, PathBuf)]) -> Result<Self> {
+    pub async fn start(dir: &Path, images: &[(String, PathBuf)], registry: &str) -> Result<Self> {
         let home = dir.join("containerd");
+        // The registry's hosts.toml: containerd reaches it over plain HTTP, as it would a
+        // platform team's mirror configured the same way.
+        let hosts = home.join("certs.d").join(registry);
+        std::fs::create_dir_all(&hosts)?;
+        std::fs::write(
+            hosts.join("hosts.toml"),
+            format!(
+                "server = \"http://{registry}\"\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
         let cni = dir.join("cni");
         std::fs::create_dir_all(cni.join("net.d"))?;
         std::fs::create_dir_all(&home)?;
@@ -228,6 +239,8 @@ state = "{home}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{cni}/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{home}/certs.d"
 "#,
                 home = home.display(),
                 socket = socket.display(),
@@ -313,21 +326,13 @@ pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Assemble the project's images (`e2e/bin/images`) from the static release binaries.
+/// Assemble the test images (`e2e/bin/images`: the pod sandbox and the task bodies).
 pub fn build_images(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let binaries = crate::process::release_binaries(
-        &[
-            "perago-operator",
-            "perago-sidecar",
-            "perago-runner",
-            "kubectl-perago",
-        ],
-        "the node's images are made from them",
-    )?;
     let out = dir.join("images");
     let started = Instant::now();
     let output = Command::new(bin_dir().join("images"))
-        .arg(&binaries)
+        .env("IMAGE_SET", "e2e")
+        .arg(dir)
         .arg(&out)
         .stderr(Stdio::inherit())
         .output()
@@ -378,6 +383,9 @@ pub struct Node {
     _kubelet: ServerProcess,
     _proxy: ServerProcess,
     pub containerd: Containerd,
+    /// The registry the node pulls the project's images from, and the release pushed to it.
+    pub registry: Registry,
+    pub release: Release,
 }
 
 impl Node {
@@ -389,6 +397,7 @@ impl Node {
         apiserver: &str,
         client: kube::Client,
         containerd: Containerd,
+        (registry, release): (Registry, Release),
     ) -> Result<Self> {
         let started = Instant::now();
         let home = dir.join("node");
@@ -494,6 +503,8 @@ impl Node {
             _kubelet: kubelet,
             _proxy: proxy,
             containerd,
+            registry,
+            release,
         })
     }
 

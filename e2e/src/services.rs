@@ -13,6 +13,7 @@ use crate::node::{
 };
 use crate::pki::{Pair, Usage};
 use crate::process::{ServerProcess, free_port, obtain, wait_ready};
+use crate::registry::{Registry, chart_version};
 
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -701,22 +702,31 @@ impl Services {
                 }
             },
             async {
-                if selection.node {
-                    let images = crate::node::build_images(path)?;
-                    Containerd::start(path, &images).await.map(Some)
-                } else {
-                    Ok(None)
+                if !selection.node {
+                    return anyhow::Ok(None);
                 }
+                // The release the node installs, pushed as `make release` pushes one.
+                let registry = Registry::start(path, host).await?;
+                let (owned, prefix) = (path.to_owned(), registry.prefix());
+                let (release, images) = tokio::task::spawn_blocking(move || {
+                    let release = crate::registry::publish(&prefix, &owned, &chart_version())?;
+                    anyhow::Ok((release, crate::node::build_images(&owned)?))
+                })
+                .await
+                .context("publishing the release")??;
+                let containerd = Containerd::start(path, &images, &registry.host).await?;
+                Ok(Some((containerd, (registry, release))))
             },
         );
         let (kube, containerd) = (kube?, containerd?);
         let node = match (&kube, containerd) {
-            (Some(kube), Some(containerd)) => {
+            (Some(kube), Some((containerd, release))) => {
                 let pki = kube
                     .pki
                     .as_ref()
                     .context("the node's apiserver has no PKI")?;
-                Some(Node::start(path, pki, &kube.server, kube.client().await?, containerd).await?)
+                let client = kube.client().await?;
+                Some(Node::start(path, pki, &kube.server, client, containerd, release).await?)
             }
             _ => None,
         };

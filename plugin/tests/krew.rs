@@ -13,8 +13,9 @@ fn the_krew_manifest_names_the_archive_it_made() {
     let out = tempfile::tempdir().unwrap();
     let run = Command::new(&script)
         .args(["v1.2.3"])
-        .arg(binary.parent().unwrap())
         .arg(out.path())
+        .arg("https://example.com/releases/v1.2.3")
+        .arg(format!("amd64={}", binary.parent().unwrap().display()))
         .output()
         .unwrap();
     assert!(
@@ -26,6 +27,10 @@ fn the_krew_manifest_names_the_archive_it_made() {
     assert_eq!(manifest["kind"], "Plugin");
     assert_eq!(manifest["metadata"]["name"], "perago");
     assert_eq!(manifest["spec"]["version"], "v1.2.3");
+    assert_eq!(
+        manifest["spec"]["platforms"].as_sequence().unwrap().len(),
+        1
+    );
     let platform = &manifest["spec"]["platforms"][0];
     assert_eq!(platform["bin"], "kubectl-perago");
     let archive = out.path().join("kubectl-perago-v1.2.3-linux-amd64.tar.gz");
@@ -48,11 +53,24 @@ fn the_krew_manifest_names_the_archive_it_made() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&listing.stdout), "kubectl-perago\n");
 
-    let bad = Command::new(&script)
-        .args(["1.2"])
-        .arg(binary.parent().unwrap())
-        .arg(out.path())
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
+    for bad in [
+        vec![
+            "1.2".to_owned(),
+            format!("amd64={}", binary.parent().unwrap().display()),
+        ],
+        vec![
+            "v1.2.3".to_owned(),
+            format!("s390x={}", binary.parent().unwrap().display()),
+        ],
+        vec!["v1.2.3".to_owned()],
+    ] {
+        let run = Command::new(&script)
+            .arg(&bad[0])
+            .arg(out.path())
+            .arg("https://example.com")
+            .args(&bad[1..])
+            .output()
+            .unwrap();
+        assert_eq!(run.status.code(), Some(2), "{bad:?}");
+    }
 }

@@ -36,7 +36,7 @@ struct Args {
     command: Vec<String>,
 }
 
-const USAGE: &str = "usage: perago-runner [--socket PATH] -- COMMAND [ARGS...]";
+const USAGE: &str = "usage: perago-runner [--socket PATH] -- COMMAND [ARGS...] | --version";
 
 fn parse_args() -> Result<Args, String> {
     let mut socket = std::env::var_os("PERAGO_SOCKET").map(PathBuf::from);
@@ -52,6 +52,11 @@ fn parse_args() -> Result<Args, String> {
                     .collect();
             }
             Some("-h" | "--help") => return Err(USAGE.into()),
+            // After `--` every argument is the task body's: this is the runner's own.
+            Some("--version") => {
+                println!("perago-runner {}", env!("CARGO_PKG_VERSION"));
+                std::process::exit(0);
+            }
             _ => {
                 return Err(format!(
                     "unexpected argument {}\n{USAGE}",

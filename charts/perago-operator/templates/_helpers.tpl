@@ -17,3 +17,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/name: {{ include "perago.appName" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+{{- /* An image reference: repository:tag (the tag defaults to the appVersion), @digest when a
+digest is set, as released charts set it. Called with (dict "image" <values> "chart" .Chart). */ -}}
+{{- define "perago.image" -}}
+{{- $reference := printf "%s:%s" .image.repository (.image.tag | default .chart.AppVersion) -}}
+{{- if .image.digest }}{{ printf "%s@%s" $reference .image.digest }}{{ else }}{{ $reference }}{{ end -}}
+{{- end -}}

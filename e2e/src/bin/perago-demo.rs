@@ -2,9 +2,10 @@
 //! servers and a real single-node Kubernetes.
 //!
 //! 1. Starts Conductor, lakeFS and the node (etcd, kube-apiserver, controller-manager,
-//!    scheduler, containerd, kubelet, kube-proxy), with the project's images imported.
-//! 2. `helm install`s the operator from `charts/perago-operator`; it runs in a pod and reaches
-//!    the API through the `kubernetes` Service.
+//!    scheduler, containerd, kubelet, kube-proxy) and an OCI registry, to which the project is
+//!    released as `make release` does it (amd64).
+//! 2. `helm install`s the operator from the released chart (`oci://…`); its pod pulls the
+//!    images from the registry and reaches the API through the `kubernetes` Service.
 //! 3. `kubectl apply`s the example PeragoTasks of `deploy/examples/` into a namespace that
 //!    enforces Pod Security `restricted`. Their body images are placeholders
 //!    (`registry.example.com/...`), so the demo runs them on a busybox image, with a shell
