@@ -180,18 +180,34 @@ impl Cluster {
     /// registry), pointed at the harness's Conductor and lakeFS on the bridge address, waiting
     /// until the operator is available. Returns how long the install took.
     pub fn install_operator(&self, extra: &[&str]) -> Result<Duration> {
+        self.install_release(&self.release, extra)
+    }
+
+    /// [`Self::install_operator`] of another release in the node's registry.
+    pub fn install_release(&self, release: &Release, extra: &[&str]) -> Result<Duration> {
+        self.install_as(RELEASE, OPERATOR_NAMESPACE, release, extra)
+    }
+
+    /// [`Self::install_release`] as Helm release `name` in `namespace` (made restricted).
+    pub fn install_as(
+        &self,
+        name: &str,
+        namespace: &str,
+        release: &Release,
+        extra: &[&str],
+    ) -> Result<Duration> {
         let started = Instant::now();
-        self.restricted_namespace(OPERATOR_NAMESPACE)?;
+        self.restricted_namespace(namespace)?;
         let sets = self.release_values();
         let mut args = vec![
             "install",
-            RELEASE,
-            &self.release.chart,
+            name,
+            &release.chart,
             "--version",
-            &self.release.version,
+            &release.version,
             "--plain-http",
             "--namespace",
-            OPERATOR_NAMESPACE,
+            namespace,
             "--wait",
             "--timeout",
             "180s",
@@ -202,10 +218,10 @@ impl Cluster {
         args.extend(extra);
         self.helm(&args).with_context(|| {
             let pods = self
-                .kubectl(&["get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "wide"])
+                .kubectl(&["get", "pods", "-n", namespace, "-o", "wide"])
                 .unwrap_or_default();
             let events = self
-                .kubectl(&["get", "events", "-n", OPERATOR_NAMESPACE])
+                .kubectl(&["get", "events", "-n", namespace])
                 .unwrap_or_default();
             format!("the operator did not become available:\n{pods}\n{events}")
         })?;

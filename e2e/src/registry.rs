@@ -108,6 +108,17 @@ pub fn chart_version() -> String {
 /// Push a release of `version` to `prefix` (`host/path`), made from the static (amd64) release
 /// binaries with `make release`'s script; its files go to `dir/release-<version>`.
 pub fn publish(prefix: &str, dir: &Path, version: &str) -> Result<Release> {
+    publish_with(prefix, dir, version, &[])
+}
+
+/// [`publish`] with more of the script's settings, e.g. `CHART_DIR` (another chart) or
+/// `SOURCE_DATE_EPOCH` (images of another build date, so other digests).
+pub fn publish_with(
+    prefix: &str,
+    dir: &Path,
+    version: &str,
+    settings: &[(&str, &str)],
+) -> Result<Release> {
     let binaries = release_binaries(
         &[
             "perago-operator",
@@ -126,6 +137,7 @@ pub fn publish(prefix: &str, dir: &Path, version: &str) -> Result<Release> {
         .env("BINARIES", &binaries)
         .env("PLAIN_HTTP", "1")
         .env("OUT", &out)
+        .envs(settings.iter().copied())
         .output()
         .context("running e2e/bin/release")?;
     if !run.status.success() {

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 use perago_conductor::flags::ConductorAuthFlags;
 
-use crate::{cli, conductor, context, controller, reference, render, telemetry, webhook};
+use crate::{cli, conductor, context, controller, reference, render, selftest, telemetry, webhook};
 
 #[derive(Parser)]
 #[command(
@@ -75,6 +75,22 @@ pub enum Command {
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
     },
+    /// Check an installation from inside the cluster (the chart's `helm test`): the PeragoTask
+    /// API is served, the operator answers on its Service, the admission webhook judges.
+    Selftest {
+        /// The release's namespace.
+        #[arg(long, env = "POD_NAMESPACE")]
+        namespace: String,
+        /// The operator's metrics Service (its port `http` serves /readyz).
+        #[arg(long, default_value = "perago-operator-metrics")]
+        service: String,
+        /// Also check the admission webhook (false when the chart installs none).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        webhook: bool,
+        /// How long each check is retried (seconds).
+        #[arg(long, default_value_t = 60)]
+        timeout_seconds: u64,
+    },
     /// Print the ConfigMap and Deployment the operator creates for each PeragoTask.
     Render {
         /// Manifest file (YAML, several documents allowed); `-` reads standard input.
@@ -100,6 +116,10 @@ pub struct ProcessArgs {
     /// Seconds a leader holds the Lease without renewing it.
     #[arg(long, env = "PERAGO_LEASE_DURATION_SECONDS", default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Watch only these namespaces (comma-separated) for PeragoTasks and the objects made for
+    /// them; unset or empty: every namespace.
+    #[arg(long, env = "PERAGO_WATCH_NAMESPACES", default_value = "", value_parser = crate::scope::Scope::parse)]
+    watch_namespaces: crate::scope::Scope,
 }
 
 /// The validating admission webhook (ADR 0008).
@@ -270,7 +290,7 @@ fn run(
         )
         .map_err(|e| format!("building the Conductor client failed: {e}"))?;
         let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
-        let (owned, writers) = crate::owned::Owned::new();
+        let (owned, writers) = crate::owned::Owned::new(&process.watch_namespaces);
         let context = context::Context {
             client: client.clone(),
             conductor,
@@ -287,15 +307,15 @@ fn run(
                 (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
             ),
             owned,
-            // The controller's own store, once `controller::run` has made the controller.
-            tasks: kube::runtime::reflector::store().0,
+            // The controllers' own stores, once `controller::run` has made the controllers.
+            tasks: crate::scope::Stores::new(Vec::new()),
         };
         metrics
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if !process.leader_election {
             metrics.leader.set(1);
-            controller::run(context, writers).await;
+            controller::run(context, writers, &process.watch_namespaces).await;
             return Ok(());
         }
         let identity = std::env::var("POD_NAME")
@@ -316,7 +336,7 @@ fn run(
         metrics.leader.set(1);
         tracing::info!(identity = %identity, "leading; reconciling");
         tokio::select! {
-            () = controller::run(context, writers) => Ok(()),
+            () = controller::run(context, writers, &process.watch_namespaces) => Ok(()),
             _ = leading.wait_for(|l| !*l) => {
                 metrics.leader.set(0);
                 // Stop at once: another replica may already reconcile. Kubernetes restarts
@@ -336,6 +356,17 @@ pub fn execute(args: Args) -> Result<(), String> {
         Command::Taskdef { file, output } => cli::taskdef(&file, output.as_deref()),
         Command::Contract { file } => cli::contract(&file),
         Command::Render { file, defaults } => cli::render(&file, &defaults.defaults()),
+        Command::Selftest {
+            namespace,
+            service,
+            webhook,
+            timeout_seconds,
+        } => selftest::run(selftest::Target {
+            namespace,
+            service,
+            webhook,
+            timeout: std::time::Duration::from_secs(timeout_seconds),
+        }),
         Command::Run {
             defaults,
             conductor_timeout_seconds,

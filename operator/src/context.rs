@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
 
 use perago_api::PeragoTask;
 
 use crate::conductor::{ConductorError, Conductors};
 use crate::owned::Owned;
 use crate::render::Defaults;
+use crate::scope::Stores;
 
 pub struct Context {
     pub client: Client,
@@ -34,8 +34,8 @@ pub struct Context {
     pub queues: crate::queues::QueueWatch,
     /// The executor pods, Deployments and ConfigMaps, as the watches keep them.
     pub owned: Owned,
-    /// Every PeragoTask, as the controller's watch keeps them (for a task's siblings).
-    pub tasks: Store<PeragoTask>,
+    /// Every watched PeragoTask, as the controllers' watches keep them (for a task's siblings).
+    pub tasks: Stores<PeragoTask>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -28,6 +27,7 @@ use crate::conductor::{ConductorError, holds};
 use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::render::{self, TASK_LABEL};
+use crate::scope::{Scope, Stores, Wake};
 use crate::{scaling, siblings, status};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
@@ -169,7 +169,7 @@ async fn register_task_def(
 async fn apply_owned<K>(
     ctx: &Context,
     ns: &str,
-    store: &Store<K>,
+    store: &Stores<K>,
     rendered: K,
 ) -> Result<Arc<K>, Error>
 where
@@ -490,35 +490,53 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(10))
 }
 
-/// Run the controller until SIGTERM/SIGINT; `writers` fill `ctx.owned`.
-pub async fn run(ctx: Context, writers: owned::Writers) {
-    let tasks: Api<PeragoTask> = Api::all(ctx.client.clone());
+/// Run the controllers until SIGTERM/SIGINT: one for all namespaces, or one per watched
+/// namespace (`scope`), all on one context; `writers` fill `ctx.owned`.
+pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
     let (pod_watch, deployments, config_maps) = writers.watch(&ctx.client);
     let pod_watch = tokio::spawn(pod_watch);
-    info!("perago-operator controller started");
-    let controller = Controller::new(tasks, watcher::Config::default())
-        .owns_stream(deployments)
-        .owns_stream(config_maps);
+    info!(?scope, "perago-operator controller started");
+    let controllers: Vec<_> = scope
+        .apis::<PeragoTask>(&ctx.client)
+        .into_iter()
+        .zip(deployments.into_iter().zip(config_maps))
+        .map(|(tasks, (deployments, config_maps))| {
+            Controller::new(tasks, watcher::Config::default())
+                .owns_stream(deployments)
+                .owns_stream(config_maps)
+        })
+        .collect();
     let ctx = Arc::new(Context {
-        tasks: controller.store(),
+        tasks: Stores::new(controllers.iter().map(Controller::store).collect()),
         ..ctx
     });
-    let (wake, woken) = tokio::sync::mpsc::channel(1024);
-    let queue_watch = tokio::spawn(scaling::watch_queues(ctx.clone(), wake));
-    let woken = futures_util::stream::unfold(woken, |mut woken| async move {
-        woken.recv().await.map(|task| (task, woken))
-    });
-    controller
-        .reconcile_on(woken)
-        .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((object, _)) => tracing::debug!(task = %object.name, "reconciled"),
-                Err(e) => warn!(error = %e, "reconcile error"),
-            }
-        })
-        .await;
+    let (senders, receivers): (Vec<_>, Vec<_>) = controllers
+        .iter()
+        .map(|_| tokio::sync::mpsc::channel(1024))
+        .unzip();
+    let queue_watch = tokio::spawn(scaling::watch_queues(
+        ctx.clone(),
+        Wake::new(scope.clone(), senders),
+    ));
+    let runs = controllers
+        .into_iter()
+        .zip(receivers)
+        .map(|(controller, woken)| {
+            let woken = futures_util::stream::unfold(woken, |mut woken| async move {
+                woken.recv().await.map(|task| (task, woken))
+            });
+            controller
+                .reconcile_on(woken)
+                .shutdown_on_signal()
+                .run(reconcile, error_policy, ctx.clone())
+                .for_each(|result| async move {
+                    match result {
+                        Ok((object, _)) => tracing::debug!(task = %object.name, "reconciled"),
+                        Err(e) => warn!(error = %e, "reconcile error"),
+                    }
+                })
+        });
+    futures_util::future::join_all(runs).await;
     queue_watch.abort();
     pod_watch.abort();
 }

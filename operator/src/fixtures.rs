@@ -65,7 +65,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         pods_http: reqwest::Client::new(),
         queues: QueueWatch::new(None),
         owned: crate::owned::Owned::empty(),
-        tasks: kube::runtime::reflector::store().0,
+        tasks: crate::scope::Stores::new(vec![kube::runtime::reflector::store().0]),
     };
     (Arc::new(context), ApiServer(handle))
 }

@@ -14,6 +14,8 @@ pub mod queues;
 pub mod reference;
 pub mod render;
 pub mod scaling;
+pub mod scope;
+pub mod selftest;
 pub mod siblings;
 pub mod status;
 pub mod telemetry;

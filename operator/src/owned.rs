@@ -12,7 +12,7 @@ use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -20,34 +20,50 @@ use sha2::{Digest, Sha256};
 
 use crate::conductor::holds;
 use crate::render::TASK_LABEL;
+use crate::scope::{Scope, Stores};
 
 /// The label every object the operator renders carries; the watches select on it.
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=perago-operator";
 
 pub struct Owned {
-    pub pods: Store<Pod>,
-    pub deployments: Store<Deployment>,
-    pub config_maps: Store<ConfigMap>,
+    pub pods: Stores<Pod>,
+    pub deployments: Stores<Deployment>,
+    pub config_maps: Stores<ConfigMap>,
     /// Per object (`kind/namespace/name`): the hash of the render last applied, and the
     /// object's version that apply made (see [`version`]).
     applied: Arc<Mutex<HashMap<String, (String, String)>>>,
 }
 
-/// What fills an [`Owned`]: handed to [`Writers::watch`] once the process leads.
+/// What fills an [`Owned`]: handed to [`Writers::watch`] once the process leads. One writer
+/// per kind and watched namespace (one for all of them in the cluster scope).
 pub struct Writers {
-    pods: Writer<Pod>,
-    deployments: Writer<Deployment>,
-    config_maps: Writer<ConfigMap>,
+    scope: Scope,
+    pods: Vec<Writer<Pod>>,
+    deployments: Vec<Writer<Deployment>>,
+    config_maps: Vec<Writer<ConfigMap>>,
 }
 
 /// A change to one of the owned Deployments or ConfigMaps, for the controller's triggers.
 pub type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
 
+/// A store and its writer per watch of `scope`.
+fn stores<K>(scope: &Scope) -> (Stores<K>, Vec<Writer<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let watches = match scope {
+        Scope::Cluster => 1,
+        Scope::Namespaces(namespaces) => namespaces.len(),
+    };
+    let (stores, writers) = (0..watches).map(|_| reflector::store()).unzip();
+    (Stores::new(stores), writers)
+}
+
 impl Owned {
-    pub fn new() -> (Self, Writers) {
-        let (pods, pods_writer) = reflector::store();
-        let (deployments, deployments_writer) = reflector::store();
-        let (config_maps, config_maps_writer) = reflector::store();
+    pub fn new(scope: &Scope) -> (Self, Writers) {
+        let (pods, pods_writers) = stores(scope);
+        let (deployments, deployments_writers) = stores(scope);
+        let (config_maps, config_maps_writers) = stores(scope);
         let owned = Self {
             pods,
             deployments,
@@ -55,23 +71,26 @@ impl Owned {
             applied: Arc::default(),
         };
         let writers = Writers {
-            pods: pods_writer,
-            deployments: deployments_writer,
-            config_maps: config_maps_writer,
+            scope: scope.clone(),
+            pods: pods_writers,
+            deployments: deployments_writers,
+            config_maps: config_maps_writers,
         };
         (owned, writers)
     }
 
     /// Watched, and nothing there: for the reconcile's unit tests.
     pub fn empty() -> Self {
-        let (owned, mut writers) = Self::new();
-        writers.pods.apply_watcher_event(&watcher::Event::InitDone);
-        writers
-            .deployments
-            .apply_watcher_event(&watcher::Event::InitDone);
-        writers
-            .config_maps
-            .apply_watcher_event(&watcher::Event::InitDone);
+        let (owned, mut writers) = Self::new(&Scope::Cluster);
+        for writer in &mut writers.pods {
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+        }
+        for writer in &mut writers.deployments {
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+        }
+        for writer in &mut writers.config_maps {
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+        }
         owned
     }
 
@@ -96,7 +115,7 @@ impl Owned {
     /// made (nobody changed its spec or, for a ConfigMap, anything), and its labels,
     /// annotations and owners still hold the rendered ones (those change no generation).
     /// After a restart nothing is known, and each object is applied once.
-    pub fn unchanged<K>(&self, store: &Store<K>, rendered: &K) -> Option<Arc<K>>
+    pub fn unchanged<K>(&self, store: &Stores<K>, rendered: &K) -> Option<Arc<K>>
     where
         K: Resource<DynamicType = ()> + Clone + Serialize + 'static,
     {
@@ -162,27 +181,36 @@ fn version<K: Resource>(object: &K) -> Option<String> {
 }
 
 impl Writers {
-    /// The three watches. The pods' is driven by the returned future; the Deployments' and
-    /// ConfigMaps' by the controller that takes their streams as triggers.
+    /// The three watches of each watched namespace (or of all). The pods' are driven by the
+    /// returned future; the Deployments' and ConfigMaps' (one stream per watch, in the order of
+    /// [`Scope::apis`]) by the controller that takes them as triggers.
     pub fn watch(
         self,
         client: &Client,
     ) -> (
         impl std::future::Future<Output = ()> + Send + 'static,
-        Changes<Deployment>,
-        Changes<ConfigMap>,
+        Vec<Changes<Deployment>>,
+        Vec<Changes<ConfigMap>>,
     ) {
-        let pods = reflected(Api::all(client.clone()), self.pods, |pod: &mut Pod| {
-            pod.spec = None;
-        })
+        let pods = futures_util::stream::select_all(
+            self.scope
+                .apis(client)
+                .into_iter()
+                .zip(self.pods)
+                .map(|(api, writer)| reflected(api, writer, |pod: &mut Pod| pod.spec = None)),
+        )
         .for_each(|_| std::future::ready(()));
-        let deployments = reflected(Api::all(client.clone()), self.deployments, |d| {
-            d.spec = None;
-        });
-        let config_maps = reflected(Api::all(client.clone()), self.config_maps, |c| {
-            c.data = None;
-            c.binary_data = None;
-        });
+        let deployments = (self.scope.apis(client).into_iter().zip(self.deployments))
+            .map(|(api, writer)| reflected(api, writer, |d: &mut Deployment| d.spec = None))
+            .collect();
+        let config_maps = (self.scope.apis(client).into_iter().zip(self.config_maps))
+            .map(|(api, writer)| {
+                reflected(api, writer, |c: &mut ConfigMap| {
+                    c.data = None;
+                    c.binary_data = None;
+                })
+            })
+            .collect();
         (pods, deployments, config_maps)
     }
 }
@@ -227,14 +255,14 @@ mod tests {
         live
     }
 
-    fn store_of(objects: Vec<ConfigMap>) -> Store<ConfigMap> {
+    fn store_of(objects: Vec<ConfigMap>) -> Stores<ConfigMap> {
         let (store, mut writer) = reflector::store();
         writer.apply_watcher_event(&Event::Init);
         for o in objects {
             writer.apply_watcher_event(&Event::InitApply(o));
         }
         writer.apply_watcher_event(&Event::InitDone);
-        store
+        Stores::new(vec![store])
     }
 
     #[test]

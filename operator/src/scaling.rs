@@ -11,7 +11,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use perago_api::PeragoTask;
@@ -184,7 +183,7 @@ fn needs_more_pods(task: &PeragoTask, queued: i64) -> bool {
 /// whose queue needs more pods than it has, so that scaling up (from zero above all) waits
 /// for the next tick and not for the task's resync. Scaling down still happens on resync, where
 /// the scale-down window is applied.
-pub async fn watch_queues(ctx: Arc<Context>, wake: mpsc::Sender<ObjectRef<PeragoTask>>) {
+pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
     let Some(period) = ctx.queues.period else {
         return;
     };
@@ -224,8 +223,8 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: mpsc::Sender<ObjectRef<Perago
                 let queued = sizes.get(&queue).copied().unwrap_or(0);
                 ctx.metrics.task_queued(task).set(queued);
                 if needs_more_pods(task, queued) {
-                    // Full: a wake-up is already pending, and one is enough.
-                    let _ = wake.try_send(ObjectRef::from_obj(&**task));
+                    // A full channel: a wake-up is already pending, and one is enough.
+                    wake.wake(ObjectRef::from_obj(&**task));
                 }
             }
             ctx.queues.record(&base, sizes);

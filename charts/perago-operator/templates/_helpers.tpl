@@ -6,6 +6,16 @@
 {{- define "perago.name" -}}
 {{- .Values.fullnameOverride | default (include "perago.appName" .) | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
+{{- /* The name of cluster-scoped objects (ClusterRole and its binding, the webhook
+configuration): in namespaced mode the release namespace is added, so that releases in several
+namespaces of one cluster do not share them. */ -}}
+{{- define "perago.clusterName" -}}
+{{- if .Values.watchNamespaces -}}
+{{- printf "%s-%s" (include "perago.name" .) .Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "perago.name" . -}}
+{{- end -}}
+{{- end -}}
 {{- define "perago.labels" -}}
 app.kubernetes.io/name: {{ include "perago.appName" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
