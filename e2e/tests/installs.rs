@@ -112,8 +112,19 @@ async fn an_upgrade_applies_the_new_crd_first_and_helm_test_passes_after_it() {
     let current = &node.release;
     assert_ne!(previous.operator_image, current.operator_image);
 
-    // The previous release, and a task made under it.
+    // The previous release on a cluster without the CRD (an earlier test may have left the
+    // current one: Helm would keep it), and a task made under it.
     let cluster = Cluster::new(services).unwrap();
+    cluster
+        .kubectl(&[
+            "delete",
+            "crd",
+            "peragotasks.perago.io",
+            "--ignore-not-found",
+            "--wait",
+            "--timeout=120s",
+        ])
+        .unwrap();
     cluster.install_release(&previous, &[]).unwrap();
     assert_eq!(deployment_image(&cluster), previous.operator_image);
     cluster.task_namespace(NAMESPACE).unwrap();

@@ -41,6 +41,9 @@ fn release(env: &[(&str, &str)]) -> Output {
         "PLAIN_HTTP",
         "OUT",
         "SOURCE_DATE_EPOCH",
+        "COSIGN_KEY",
+        "COSIGN_PASSWORD",
+        "UNSIGNED",
     ] {
         cmd.env_remove(key);
     }
@@ -79,6 +82,39 @@ fn sha256(path: &Path) -> String {
         .to_owned()
 }
 
+const PASSWORD: &str = "perago-e2e";
+
+/// A cosign key pair in `dir`: (private key, public key).
+fn key_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).unwrap();
+    let made = Command::new(obtain("cosign").unwrap())
+        .args(["generate-key-pair", "--output-key-prefix", "cosign"])
+        .env("COSIGN_PASSWORD", PASSWORD)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    (dir.join("cosign.key"), dir.join("cosign.pub"))
+}
+
+/// `cosign verify` of `reference` with the public key `public` (no transparency log: the
+/// release is signed with a key, offline).
+fn verify(public: &Path, reference: &str) -> Output {
+    Command::new(obtain("cosign").unwrap())
+        .args(["verify", "--key"])
+        .arg(public)
+        .args([
+            "--insecure-ignore-tlog",
+            "--allow-insecure-registry",
+            "--allow-http-registry",
+            "--output",
+            "json",
+            reference,
+        ])
+        .output()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn bad_settings_and_unusable_registries_stop_the_release_before_it_builds() {
     let dir = tempfile::tempdir().unwrap();
@@ -96,8 +132,11 @@ async fn bad_settings_and_unusable_registries_stop_the_release_before_it_builds(
         ("BINARIES", bins),
         ("ARCHS", "amd64"),
         ("PLAIN_HTTP", "1"),
+        ("UNSIGNED", "1"),
     ];
-    let cases: [(&[(&str, &str)], &str); 7] = [
+    let registry = Registry::start(dir.path(), LOOPBACK).await.unwrap();
+    let prefix = registry.prefix();
+    let cases: [(&[(&str, &str)], &str); 9] = [
         (&[("REGISTRY", "r.example/p")], "VERSION is not set"),
         (
             &[("VERSION", "v1.2"), ("REGISTRY", "r.example/p")],
@@ -124,11 +163,28 @@ async fn bad_settings_and_unusable_registries_stop_the_release_before_it_builds(
             &[("VERSION", VERSION), ("REGISTRY", &read_only_prefix)],
             "refuses a push",
         ),
+        (
+            &[
+                ("VERSION", VERSION),
+                ("REGISTRY", &prefix),
+                ("UNSIGNED", ""),
+            ],
+            "COSIGN_KEY is not set",
+        ),
+        (
+            &[
+                ("VERSION", VERSION),
+                ("REGISTRY", &prefix),
+                ("UNSIGNED", ""),
+                ("COSIGN_KEY", "/nonexistent/cosign.key"),
+            ],
+            "cannot be read",
+        ),
     ];
     for (env, says) in cases {
         let mut all: Vec<(&str, &str)> = base.to_vec();
         all.retain(|(k, _)| !env.iter().any(|(e, _)| e == k));
-        all.extend_from_slice(env);
+        all.extend(env.iter().filter(|(_, v)| !v.is_empty()));
         let run = release(&all);
         assert!(!run.status.success(), "{env:?} was released");
         assert!(stderr(&run).contains(says), "{env:?}: {}", stderr(&run));
@@ -145,9 +201,13 @@ async fn a_release_is_reproducible_immutable_and_installable_from_the_registry()
     let registry = Registry::start(dir.path(), LOOPBACK).await.unwrap();
     let prefix = registry.prefix();
     let bins = binaries();
+    let (key, public) = key_pair(&dir.path().join("signer"));
+    let key = key.to_str().unwrap().to_owned();
     let run = |out: &Path, epoch: Option<&str>| {
         let out = out.to_str().unwrap().to_owned();
         let mut env = vec![
+            ("COSIGN_KEY", key.as_str()),
+            ("COSIGN_PASSWORD", PASSWORD),
             ("VERSION", VERSION),
             ("REGISTRY", prefix.as_str()),
             ("ARCHS", "amd64"),
@@ -186,6 +246,44 @@ async fn a_release_is_reproducible_immutable_and_installable_from_the_registry()
         release.chart,
         format!("oci://{prefix}/charts/perago-operator")
     );
+
+    // Signed: the two images and the chart verify with the release's public key, by digest,
+    // and not with another key.
+    assert_eq!(
+        std::fs::read(first.join("cosign.pub")).unwrap(),
+        std::fs::read(&public).unwrap()
+    );
+    let (_, stranger) = key_pair(&dir.path().join("stranger"));
+    let chart_reference = format!(
+        "{prefix}/charts/perago-operator@{}",
+        crane(&[
+            "digest",
+            &format!("{prefix}/charts/perago-operator:{VERSION}")
+        ])
+        .trim()
+    );
+    for reference in [
+        &release.operator_image,
+        &release.sidecar_image,
+        &chart_reference,
+    ] {
+        let verified = verify(&public, reference);
+        assert!(
+            verified.status.success(),
+            "{reference}: {}",
+            stderr(&verified)
+        );
+        let claims: Value = serde_json::from_slice(&verified.stdout).unwrap();
+        let digest = reference.rsplit_once('@').unwrap().1;
+        assert_eq!(
+            claims[0]["critical"]["image"]["docker-manifest-digest"],
+            digest
+        );
+        assert!(
+            !verify(&stranger, reference).status.success(),
+            "{reference} verified with another key"
+        );
+    }
 
     // Each image is an index over its platform, pinned by digest in release.env.
     for (image, reference) in [
