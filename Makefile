@@ -64,8 +64,9 @@ release-binaries: prerequisites
 
 ## A release: multi-architecture images (image indexes), the chart as an OCI artifact with its
 ## images pinned by digest, a CycloneDX SBOM per image, kubectl-perago archives and their krew
-## manifest, pushed to REGISTRY (docs/release.md). VERSION=x.y.z REGISTRY=host[:port]/path;
-## ARCHS (default "amd64 arm64"), PLAIN_HTTP=1, KREW_BASE_URL are optional.
+## manifest, pushed to REGISTRY and signed with cosign (docs/release.md). VERSION=x.y.z
+## REGISTRY=host[:port]/path COSIGN_KEY=cosign.key (or UNSIGNED=1); ARCHS (default
+## "amd64 arm64"), PLAIN_HTTP=1, KREW_BASE_URL are optional.
 release:
 	VERSION="$(VERSION)" REGISTRY="$(REGISTRY)" e2e/bin/release
 
