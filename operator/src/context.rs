@@ -49,6 +49,8 @@ pub enum Error {
     Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("the watch of the executor pods, Deployments and ConfigMaps stopped")]
     WatchStopped,
+    #[error("the reconcile did not end within {} s; it was dropped and is retried", .0.as_secs())]
+    Deadline(std::time::Duration),
 }
 
 /// The Conductor a task registers with: its own `spec.conductor.url`, else the default.

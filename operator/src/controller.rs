@@ -32,6 +32,9 @@ use crate::{scaling, siblings, status};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
+/// The longest a reconcile may take: its Conductor calls have their own 10 s timeouts and a
+/// healthy one takes well under a second.
+const RECONCILE_DEADLINE: Duration = Duration::from_secs(60);
 const SCALING_MANAGER: &str = "perago-operator-scaling";
 
 async fn publish_event(
@@ -467,14 +470,19 @@ async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, E
     let started = std::time::Instant::now();
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
-    let result = finalizer(&api, FINALIZER, task, |event| async {
+    let reconciled = finalizer(&api, FINALIZER, task, |event| async {
         match event {
             Finalizer::Apply(task) => apply(task, &ctx).await,
             Finalizer::Cleanup(task) => cleanup(task, &ctx).await,
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+    });
+    // A reconcile holds its task: one that never ends would leave the task unreconciled for
+    // good (Kubernetes API calls wait up to kube's 295 s read timeout). Past the deadline it
+    // is dropped at its await point and retried; every step of it is idempotent.
+    let result = match tokio::time::timeout(RECONCILE_DEADLINE, reconciled).await {
+        Ok(result) => result.map_err(|e| Error::Finalizer(Box::new(e))),
+        Err(_) => Err(Error::Deadline(RECONCILE_DEADLINE)),
+    };
     let m = &ctx.metrics;
     m.reconcile_seconds
         .with_label_values::<&str>(&[])
