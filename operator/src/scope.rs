@@ -72,30 +72,47 @@ impl Scope {
 }
 
 /// The stores of one kind's watches, read as one.
-pub struct Stores<K: Resource<DynamicType = ()> + Clone + 'static>(Vec<Store<K>>);
+pub struct Stores<K: Resource<DynamicType = ()> + Clone + 'static> {
+    stores: Vec<Store<K>>,
+    /// Held while waiting for the stores to be ready; see [`Self::wait_until_ready`].
+    one_waiter: tokio::sync::Mutex<()>,
+}
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Stores<K> {
     pub fn new(stores: Vec<Store<K>>) -> Self {
-        Self(stores)
+        Self {
+            stores,
+            one_waiter: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub fn state(&self) -> Vec<Arc<K>> {
-        self.0.iter().flat_map(Store::state).collect()
+        self.stores.iter().flat_map(Store::state).collect()
     }
 
     pub fn state_filter(&self, keep: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
-        self.0.iter().flat_map(|s| s.state_filter(&keep)).collect()
+        self.stores
+            .iter()
+            .flat_map(|s| s.state_filter(&keep))
+            .collect()
     }
 
     pub fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
-        self.0.iter().find_map(|s| s.get(key))
+        self.stores.iter().find_map(|s| s.get(key))
     }
 
     /// Once every watch has listed what exists.
+    ///
+    /// One caller at a time waits on the stores themselves, the others on a lock: kube's
+    /// `Store::wait_until_ready` keeps the waker of the last future that polled it, so of
+    /// several reconciles waiting at once only one was woken when the store became ready and
+    /// the others waited for good (seen right after a leader handover, when the first
+    /// reconciles run before the owned watches have listed).
     pub async fn wait_until_ready(
         &self,
     ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-        for store in &self.0 {
+        let _one_waiter = self.one_waiter.lock().await;
+        for store in &self.stores {
             store.wait_until_ready().await?;
         }
         Ok(())
@@ -133,6 +150,52 @@ impl Wake {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn not_ready() -> (
+        Arc<Stores<k8s_openapi::api::core::v1::ConfigMap>>,
+        kube::runtime::reflector::store::Writer<k8s_openapi::api::core::v1::ConfigMap>,
+    ) {
+        let (store, writer) = kube::runtime::reflector::store();
+        (Arc::new(Stores::new(vec![store])), writer)
+    }
+
+    #[tokio::test]
+    async fn every_waiter_is_woken_when_the_stores_are_ready() {
+        let (stores, mut writer) = not_ready();
+        let waiters = [(); 2].map(|()| {
+            let stores = stores.clone();
+            tokio::spawn(async move { stores.wait_until_ready().await.is_ok() })
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        for waiter in waiters {
+            let woken = tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await;
+            assert!(matches!(woken, Ok(Ok(true))), "a waiter was never woken");
+        }
+    }
+
+    /// Why [`Stores::wait_until_ready`] lets one caller wait at a time: kube's own wait wakes
+    /// only the last of several waiters. When this fails, kube has fixed it and the lock can go.
+    #[tokio::test]
+    async fn kube_store_readiness_wakes_only_its_last_waiter() {
+        let (store, mut writer) =
+            kube::runtime::reflector::store::<k8s_openapi::api::core::v1::ConfigMap>();
+        let waiters = [(); 2].map(|()| {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait_until_ready().await.is_ok() })
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+        let mut woken = 0;
+        for waiter in waiters {
+            if let Ok(Ok(true)) =
+                tokio::time::timeout(std::time::Duration::from_secs(2), waiter).await
+            {
+                woken += 1;
+            }
+        }
+        assert_eq!(woken, 1, "kube woke {woken} of 2 waiters");
+    }
 
     #[test]
     fn the_flag_names_namespaces_or_none() {
