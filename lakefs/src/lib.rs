@@ -36,6 +36,50 @@ fn quoted_ref(reference: &str) -> String {
     clip(reference, REF_MAX).into_owned()
 }
 
+/// The largest block an upload reads from its file at once (per transfer, so memory stays
+/// bounded by the transfer parallelism).
+const UPLOAD_BLOCK: usize = 1024 * 1024;
+
+/// The body of an upload. Each read from a file is a trip to the blocking pool: a file of at
+/// most one block is read whole in the trip that opens it, a larger one streamed a block at a
+/// time.
+async fn upload_body(path: &std::path::Path) -> std::io::Result<reqwest::Body> {
+    use std::io::{Read, Seek};
+    enum Opened {
+        Whole(Vec<u8>),
+        Streamed(std::fs::File),
+    }
+    let path = path.to_owned();
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut file = std::fs::File::open(&path)?;
+        let size = file.metadata()?.len();
+        match usize::try_from(size) {
+            Ok(size) if size <= UPLOAD_BLOCK => {
+                // A byte more than its size shows a file still growing: streamed, then.
+                let mut bytes = Vec::with_capacity(size + 1);
+                (&mut file).take(size as u64 + 1).read_to_end(&mut bytes)?;
+                if bytes.len() <= size {
+                    return Ok::<_, std::io::Error>(Opened::Whole(bytes));
+                }
+                file.seek(std::io::SeekFrom::Start(0))?;
+                Ok(Opened::Streamed(file))
+            }
+            _ => Ok(Opened::Streamed(file)),
+        }
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(match opened {
+        Opened::Whole(bytes) => reqwest::Body::from(bytes),
+        Opened::Streamed(file) => {
+            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
+                tokio::fs::File::from_std(file),
+                UPLOAD_BLOCK,
+            ))
+        }
+    })
+}
+
 #[derive(Debug, Error)]
 pub enum LakeFsError {
     #[error("lakeFS {call} on {repository}@{reference} failed: HTTP {status}: {message}")]
@@ -553,7 +597,7 @@ impl LakeFsClient {
         // A file that cannot be read is not retried; a transient answer from lakeFS is, with
         // the file read again from its start.
         let sent = (|| async {
-            let opened = tokio::fs::File::open(file).await.map_err(|e| {
+            let body = upload_body(file).await.map_err(|e| {
                 Upload::Unreadable(LakeFsError::Transport {
                     call: call.name,
                     repository: repository.to_owned(),
@@ -563,10 +607,6 @@ impl LakeFsClient {
                     detail: format!("reading {}: {e}", clip_path(file)),
                 })
             })?;
-            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
-                opened,
-                64 * 1024,
-            ));
             let request = self
                 .request(Method::POST, &path, timeout)
                 .query(&[("path", key)])

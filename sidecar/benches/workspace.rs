@@ -15,8 +15,14 @@
 //! is each process tree's (the sum of its members' peaks). Prints figures and ratios; asserts
 //! only that every attempt completed.
 //!
+//! Then the small stage (`s`): attempts whose body rewrites 2 tiny files, each on a fresh
+//! branch; figures are the sidecar's time from the body's end to "workspace staged" (from its
+//! log), p50 and worst, and the lakeFS calls of the last attempt by operation (from lakeFS's
+//! own `api_request_duration_seconds`).
+//!
 //! PERAGO_BENCH_SCALE (percent, default 100) scales the file counts and the large file,
-//! PERAGO_BENCH_WORKLOADS (default `abcd`) picks workloads;
+//! PERAGO_BENCH_WORKLOADS (default `abcds`) picks workloads,
+//! PERAGO_BENCH_SMALL_ATTEMPTS (default 20) the small stage's attempts;
 //! PERAGO_BENCH_PARALLELISM (default 16, the sidecar's default) sets the transfers at once.
 //! Every side's files (workspaces, scratch files, lakeFS's blockstore) are made under TMPDIR.
 
@@ -675,6 +681,90 @@ async fn attempt(
     }
 }
 
+/// The small stage: what one attempt costs between the body's end and its staged try commit
+/// when there is almost nothing to move.
+struct SmallStage<'a> {
+    lake: &'a Lake,
+    client: &'a LakeFsClient,
+    api: &'a ConductorApi,
+    endpoint: &'a str,
+    pod: &'a Pod,
+}
+
+impl SmallStage<'_> {
+    /// Body end -> staged per attempt (sorted) and the last attempt's lakeFS calls.
+    async fn run(&self, repo: &str, tree: &mut ProcessTree) -> (Vec<f64>, String) {
+        let attempts = env_number("PERAGO_BENCH_SMALL_ATTEMPTS", 20).max(1);
+        eprintln!("small stage: {attempts} attempts");
+        let workload = Workload {
+            key: "s",
+            label: "2 x 1 KB, both rewritten".into(),
+            seed: Seed::Small { files: 2 },
+            change: "rewrite 2 1".into(),
+        };
+        let input = seed(self.lake, self.client, repo, &workload.seed).await;
+        let logged = self.pod.log().lines().count();
+        let mut calls = BTreeMap::new();
+        for i in 0..attempts {
+            let branch = format!("small-{i}");
+            self.client
+                .create_branch(repo, &branch, &input)
+                .await
+                .unwrap();
+            let before = self.lakefs_calls().await;
+            attempt(self.api, OUR_TASK, repo, &branch, &input, &workload, tree).await;
+            calls = delta(&before, &self.lakefs_calls().await);
+        }
+        let log = self.pod.log();
+        let mut seconds = body_end_to_staged(log.lines().skip(logged));
+        assert_eq!(seconds.len() as u64, attempts, "one staged try per attempt");
+        seconds.sort_by(f64::total_cmp);
+        let calls = calls
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(operation, n)| format!("{operation} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        assert!(!calls.is_empty(), "lakeFS counted no API calls");
+        (seconds, calls)
+    }
+
+    /// lakeFS's count of API requests so far, by operation.
+    async fn lakefs_calls(&self) -> BTreeMap<String, f64> {
+        let text = reqwest::get(format!("{}/metrics", self.endpoint))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        counter_by(&text, "api_request_duration_seconds_count", &["operation"])
+    }
+}
+
+/// Seconds from each "task body ended" line to the "workspace staged" line after it.
+fn body_end_to_staged<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<f64> {
+    let at = |v: &Value| {
+        let stamp = v["timestamp"].as_str().unwrap();
+        let t = time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339)
+            .unwrap();
+        t.unix_timestamp_nanos() as f64 / 1e9
+    };
+    let mut ended = None;
+    let mut out = Vec::new();
+    for v in lines.filter_map(|l| serde_json::from_str::<Value>(l).ok()) {
+        match v["message"].as_str() {
+            Some("task body ended") => ended = Some(at(&v)),
+            Some("workspace staged") => {
+                if let Some(end) = ended.take() {
+                    out.push(at(&v) - end);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 fn ratio(slow: f64, fast: f64) -> String {
     if fast > 0.0 {
         format!("{:.1}x", slow / fast)
@@ -723,7 +813,10 @@ async fn main() {
     let mut env = lakefs_env(&endpoint);
     env.push(("BENCH_CHANGE", change.display().to_string()));
     env.push(("PERAGO_TRANSFER_PARALLELISM", parallelism().to_string()));
-    env.push(("PERAGO_LOG", "warn,perago_sidecar::pipeline=info".into()));
+    env.push((
+        "PERAGO_LOG",
+        "warn,perago_sidecar::pipeline=info,perago_sidecar::execution=info".into(),
+    ));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let pod = Pod::start(&bins, &api.base, &contract, OUR_BODY, &env).await;
     let mut pod_tree = ProcessTree::new(pod.pid() as u32);
@@ -733,7 +826,7 @@ async fn main() {
 
     let run = std::process::id();
     let mut rows = Vec::new();
-    let only = std::env::var("PERAGO_BENCH_WORKLOADS").unwrap_or_else(|_| "abcd".into());
+    let only = std::env::var("PERAGO_BENCH_WORKLOADS").unwrap_or_else(|_| "abcds".into());
     for workload in workloads(scale)
         .into_iter()
         .filter(|w| only.contains(w.key))
@@ -750,6 +843,7 @@ async fn main() {
         prepare_page_cache(warm_mib);
         eprintln!("  sidecar");
         let before = io_sums(&pod.metrics().await);
+        let logged = pod.log().lines().count();
         attempt(
             &api,
             OUR_TASK,
@@ -761,7 +855,9 @@ async fn main() {
         )
         .await;
         let spent = delta(&before, &io_sums(&pod.metrics().await));
-        let (uploads, upload_bytes) = staged_counts(&pod.log());
+        let log = pod.log();
+        let (uploads, upload_bytes) = staged_counts(&log);
+        let detected = body_end_to_staged(log.lines().skip(logged));
         let sidecar = Figures {
             download_s: spent.get("download").copied().unwrap_or(0.0),
             stage_s: spent.get("upload").copied().unwrap_or(0.0),
@@ -799,8 +895,20 @@ async fn main() {
             publish_s: first.publish_s.min(again.publish_s),
             ..first
         };
-        rows.push((workload, sidecar, py, top));
+        rows.push((workload, sidecar, py, top, detected));
     }
+    let small = if only.contains('s') {
+        let small = SmallStage {
+            lake: &lake,
+            client: &client,
+            api: &api,
+            endpoint: &endpoint,
+            pod: &pod,
+        };
+        Some(small.run(&format!("bench-ws-s-{run}"), &mut pod_tree).await)
+    } else {
+        None
+    };
     drop(python);
     pod.stop().await;
 
@@ -820,7 +928,7 @@ async fn main() {
         "upload bytes",
         "peak MiB"
     );
-    for (w, sidecar, py, top) in &rows {
+    for (w, sidecar, py, top, detected) in &rows {
         for (side, f) in [("sidecar", sidecar), ("Python", py), ("ceiling", top)] {
             println!(
                 "{:<28} {side:<8} {:>10.3} {:>10.3} {:>10.3} {:>9} {:>12} {:>10}",
@@ -852,6 +960,22 @@ async fn main() {
             100.0 * cs / s,
             100.0 * cp / p,
         );
+        if let [seconds] = detected[..] {
+            println!(
+                "{:<28} sidecar, body end -> staged (change detection, fences, stage): {seconds:.3} s",
+                ""
+            );
+        }
+    }
+    if let Some((seconds, calls)) = &small {
+        let ms = |s: f64| format!("{:.0} ms", 1000.0 * s);
+        println!(
+            "(s) 2 x 1 KB, both rewritten: body end -> staged over {} attempts: p50 {}, worst {}; lakeFS calls of one attempt: {}",
+            seconds.len(),
+            ms(seconds[seconds.len() / 2]),
+            ms(seconds[seconds.len() - 1]),
+            calls
+        );
     }
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     if rows.len() < 4 {
@@ -863,7 +987,7 @@ async fn main() {
     let c_memory = c.2.peak_mib / c.1.peak_mib;
     let ceiling_worst = rows
         .iter()
-        .flat_map(|(_, s, _, t)| s.phases().into_iter().zip(t.phases()))
+        .flat_map(|(_, s, _, t, _)| s.phases().into_iter().zip(t.phases()))
         .map(|(ours, top)| top / ours)
         .fold(f64::INFINITY, f64::min);
     println!(

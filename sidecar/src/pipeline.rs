@@ -34,10 +34,11 @@ use crate::failure::{AttemptError, FileError, LocalError};
 use crate::input;
 use crate::runner::Lease;
 use crate::trace::AttemptTrace;
+use crate::workspace::download::{self, Manifest};
 use crate::workspace::guardrails::GuardrailError;
 use crate::workspace::publish::{self, FenceError, PublishBase, StageError};
-use crate::workspace::snapshot::Snapshot;
-use crate::workspace::{WorkspaceRuntime, download, guardrails, snapshot};
+use crate::workspace::snapshot::{Baseline, Snapshot};
+use crate::workspace::{WorkspaceRuntime, guardrails};
 use perago_contract::protocol::files;
 
 /// What a completed attempt reports, and the sweep that follows the report.
@@ -141,12 +142,12 @@ impl Attempt<'_> {
         self.trace.note_attempt("perago.lakefs.branch", &ws.branch);
         self.trace
             .note_attempt("perago.lakefs.input_ref", &ws.reference);
-        let root = self.download(rt, dir, &ws).await?;
+        let (root, downloaded) = self.download(rt, dir, &ws).await?;
         self.guardrails(rt, Phase::Pre, &root).await?;
         let before = if rt.spec.read_only {
             None
         } else {
-            Some(self.take_snapshot(&root).await?)
+            Some(self.baseline(dir, &root, downloaded).await?)
         };
         let result = self.body(dir, &params, Some(&root)).await?;
         self.guardrails(rt, Phase::Post, &root).await?;
@@ -154,8 +155,7 @@ impl Attempt<'_> {
         let Some(before) = before else {
             return Ok(completion(Some(&ws), result, None));
         };
-        let after = self.take_snapshot(&root).await?;
-        let changed = after != before;
+        let (after, changed) = self.changes(before, &root).await?;
         let base = self.fences(rt, &ws, changed).await?;
         let sweep = |ours| {
             Some(Sweep {
@@ -249,13 +249,13 @@ impl Attempt<'_> {
         format!("{}-{:04}", self.broker.settings.worker_id, self.lease.slot)
     }
 
-    /// Project the input ref into `<dir>/workspace`.
+    /// Project the input ref into `<dir>/workspace`; what was downloaded.
     async fn download(
         &self,
         rt: &WorkspaceRuntime,
         dir: &ExecutionDir,
         ws: &WorkspaceRef,
-    ) -> Result<PathBuf, AttemptError> {
+    ) -> Result<(PathBuf, Manifest), AttemptError> {
         let root = dir.file(files::WORKSPACE);
         tokio::fs::create_dir(&root)
             .await
@@ -291,7 +291,7 @@ impl Attempt<'_> {
             seconds,
             "workspace downloaded"
         );
-        Ok(root)
+        Ok((root, manifest))
     }
 
     /// One phase's guardrails, off the async runtime (they walk the whole tree).
@@ -319,16 +319,31 @@ impl Attempt<'_> {
             .map_err(error)
     }
 
-    /// The workspace's files and their checksums (change detection).
-    async fn take_snapshot(&self, root: &Path) -> Result<Snapshot, AttemptError> {
+    /// The workspace as the body receives it (change detection), off the async runtime.
+    async fn baseline(
+        &self,
+        dir: &ExecutionDir,
+        root: &Path,
+        downloaded: Manifest,
+    ) -> Result<Baseline, AttemptError> {
+        let (root, probe) = (root.to_owned(), dir.file(CLOCK_PROBE));
+        blocking(move || Baseline::record(&root, &probe, &downloaded)).await
+    }
+
+    /// The workspace's files and their checksums after the body, reading only what the
+    /// baseline cannot vouch for, and whether the body changed anything.
+    async fn changes(
+        &self,
+        before: Baseline,
+        root: &Path,
+    ) -> Result<(Snapshot, bool), AttemptError> {
         let root = root.to_owned();
-        tokio::task::spawn_blocking(move || snapshot::take(&root))
-            .await
-            .map_err(|e| LocalError::Stopped {
-                what: "a workspace scan",
-                cause: e.to_string(),
-            })?
-            .map_err(|e| LocalError::Workspace(e).into())
+        blocking(move || {
+            let after = before.after(&root)?;
+            let changed = after != *before.items();
+            Ok((after, changed))
+        })
+        .await
     }
 
     /// Run the body once on the validated params and read its result.
@@ -591,6 +606,23 @@ impl Attempt<'_> {
         }
     }
 }
+
+/// A workspace scan off the async runtime; a scan that fails or stops is a local failure.
+async fn blocking<T: Send + 'static>(
+    scan: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, AttemptError> {
+    tokio::task::spawn_blocking(scan)
+        .await
+        .map_err(|e| LocalError::Stopped {
+            what: "a workspace scan",
+            cause: e.to_string(),
+        })?
+        .map_err(|e| LocalError::Workspace(e).into())
+}
+
+/// Where the change detection's baseline reads the file system's clock: a file of the
+/// execution directory, beside the workspace, that exists only for that moment.
+const CLOCK_PROBE: &str = "clock-probe";
 
 /// The attempt fence's test: a fresh read of the task (`fresh`) still shows the attempt this
 /// worker polled as the running one. The poll count catches Conductor leasing one task id a

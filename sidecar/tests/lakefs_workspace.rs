@@ -158,14 +158,22 @@ async fn download_projects_the_prefix_in_parallel_and_guardrails_see_it() {
         .to_string(),
         "pre guardrail require_glob('raw/**/*.csv') matched 0 files; min_count=1"
     );
-    let before = snapshot::take(dir.path()).unwrap();
-    assert_eq!(before.len(), 1101);
+    // Change detection takes the MD5s from the listing's checksums instead of reading the
+    // files: they must be the MD5s of the bytes downloaded.
+    let probe = dir.path().with_extension("probe");
+    let before = snapshot::Baseline::record(dir.path(), &probe, &manifest).unwrap();
+    assert_eq!(before.items(), &snapshot::take(dir.path()).unwrap());
+    assert_eq!(before.items().len(), 1101);
     std::fs::write(dir.path().join("part/00042.txt"), b"row 42\n").unwrap();
     assert_eq!(
-        snapshot::take(dir.path()).unwrap(),
-        before,
+        &before.after(dir.path()).unwrap(),
+        before.items(),
         "same bytes, no change"
     );
+    std::fs::write(dir.path().join("part/00043.txt"), b"row 44\n").unwrap();
+    let after = before.after(dir.path()).unwrap();
+    assert_eq!(after, snapshot::take(dir.path()).unwrap());
+    assert_ne!(&after, before.items());
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 //! checked against the listing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use backon::BackoffBuilder;
@@ -217,17 +217,7 @@ pub async fn download(
         .list_objects(repository, reference, listing_prefix(prefix))
         .await?;
     let planned = plan(&entries, prefix)?;
-    for (local, _) in &planned {
-        if let Some(parent) = Path::new(local)
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-        {
-            let parent = dir.join(parent);
-            tokio::fs::create_dir_all(&parent)
-                .await
-                .map_err(|e| DownloadError::local("creating", &parent, e))?;
-        }
-    }
+    create_directories(dir, &planned).await?;
     let mut manifest = Manifest::default();
     let source = Source {
         client,
@@ -251,8 +241,33 @@ pub async fn download(
     Ok(manifest)
 }
 
+/// Every directory the planned files go in, made in one trip to the blocking pool (one per
+/// file would cost a thread hand-off per file before any transfer starts).
+async fn create_directories(
+    dir: &Path,
+    planned: &[(String, ObjectEntry)],
+) -> Result<(), DownloadError> {
+    let parents: BTreeSet<PathBuf> = planned
+        .iter()
+        .filter_map(|(local, _)| Path::new(local).parent())
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| dir.join(p))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        // In sorted order a parent comes before its children, so each call makes one level.
+        for parent in &parents {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| DownloadError::local("creating", parent, e))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| DownloadError::local("creating directories in", dir, std::io::Error::other(e)))?
+}
+
 /// The largest block a download writes at once (per transfer, so memory stays bounded by
-/// the transfer parallelism).
+/// the transfer parallelism). An object of at most this size is gathered whole and written
+/// in one trip to the blocking pool: create, write and close, instead of one trip each.
 const WRITE_BLOCK: usize = 1024 * 1024;
 
 /// Where the objects of one download come from.
@@ -280,9 +295,14 @@ impl Source<'_> {
                     retries += 1;
                     tracing::warn!(object = %clip(&entry.path, QUOTED_MAX), retry = retries, error = %e,
                     "the download of an object broke off; fetching it again");
-                    tokio::fs::remove_file(target)
-                        .await
-                        .map_err(|e| DownloadError::local("removing", target, e))?;
+                    // A small object is written only once it has arrived whole: there may be
+                    // no file to remove.
+                    match tokio::fs::remove_file(target).await {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(DownloadError::local("removing", target, e));
+                        }
+                        _ => {}
+                    }
                     tokio::time::sleep(delay).await;
                 }
                 Err(e) => return Err(e),
@@ -295,6 +315,73 @@ impl Source<'_> {
             .client
             .get_object(self.repository, self.reference, &entry.path, self.timeout)
             .await?;
+        match entry.size_bytes.and_then(|s| usize::try_from(s).ok()) {
+            Some(size) if size <= WRITE_BLOCK => {
+                self.write_small(entry, response, size, target).await
+            }
+            _ => self.write_streamed(entry, &mut response, target).await,
+        }
+    }
+
+    /// An object the listing says is small: its bytes (never more than announced, plus one
+    /// chunk) are gathered, then written in one blocking call.
+    async fn write_small(
+        &self,
+        entry: &ObjectEntry,
+        mut response: reqwest::Response,
+        size: usize,
+        target: &Path,
+    ) -> Result<u64, DownloadError> {
+        let mut bytes = Vec::with_capacity(size);
+        while let Some(chunk) = self.chunk(entry, &mut response).await? {
+            bytes.extend_from_slice(&chunk);
+            if bytes.len() > size {
+                break;
+            }
+        }
+        let written = bytes.len() as u64;
+        if written != size as u64 {
+            return Err(DownloadError::WrongSize {
+                object: self.object(entry),
+                written,
+                expected: size as u64,
+            });
+        }
+        let path = target.to_owned();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| DownloadError::local("creating", &path, e))?;
+            file.write_all(&bytes)
+                .map_err(|e| DownloadError::local("writing", &path, e))
+        })
+        .await
+        .map_err(|e| DownloadError::local("writing", target, std::io::Error::other(e)))??;
+        Ok(written)
+    }
+
+    /// The next chunk of an object's body; `None` at its end.
+    async fn chunk(
+        &self,
+        entry: &ObjectEntry,
+        response: &mut reqwest::Response,
+    ) -> Result<Option<bytes::Bytes>, DownloadError> {
+        response.chunk().await.map_err(|e| DownloadError::BrokeOff {
+            object: self.object(entry),
+            cause: request_error(e),
+        })
+    }
+
+    /// A large object (or one of unknown size), streamed to disk in blocks of up to 1 MiB.
+    async fn write_streamed(
+        &self,
+        entry: &ObjectEntry,
+        response: &mut reqwest::Response,
+        target: &Path,
+    ) -> Result<u64, DownloadError> {
         let file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -302,24 +389,11 @@ impl Source<'_> {
             .await
             .map_err(|e| DownloadError::local("creating", target, e))?;
         // Each write to a tokio file is a trip to the blocking pool; the response's chunks
-        // are a few KiB, so a large object is written in blocks of up to 1 MiB instead.
-        let buffer = entry
-            .size_bytes
-            .map_or(WRITE_BLOCK, |size| {
-                usize::try_from(size).unwrap_or(WRITE_BLOCK)
-            })
-            .clamp(8 * 1024, WRITE_BLOCK);
-        let mut file = tokio::io::BufWriter::with_capacity(buffer, file);
+        // are a few KiB, so they are written in blocks of 1 MiB instead.
+        let mut file = tokio::io::BufWriter::with_capacity(WRITE_BLOCK, file);
         let written_failed = |e| DownloadError::local("writing", target, e);
         let mut written = 0u64;
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| DownloadError::BrokeOff {
-                object: self.object(entry),
-                cause: request_error(e),
-            })?
-        {
+        while let Some(chunk) = self.chunk(entry, response).await? {
             written += chunk.len() as u64;
             file.write_all(&chunk).await.map_err(written_failed)?;
         }

@@ -205,7 +205,7 @@ pub fn plan(
                 path: item.path.clone(),
             });
         }
-        if base.get(&key) != Some(&item.md5) {
+        if base.get(&key) != Some(&item.digest) {
             plan.uploads.push((key.clone(), item.path.clone()));
             plan.upload_bytes += item.size;
         }
@@ -373,8 +373,7 @@ mod tests {
         let item = |p: &str, md5: &str| Item {
             path: p.into(),
             kind: Kind::File,
-            digest: String::new(),
-            md5: md5.into(),
+            digest: md5.into(),
             size: 10,
         };
         let workspace = vec![
@@ -401,7 +400,6 @@ mod tests {
             path: "l".into(),
             kind: Kind::Symlink,
             digest: "a".into(),
-            md5: String::new(),
             size: 0,
         }];
         assert_eq!(

@@ -1,14 +1,30 @@
-//! Change detection: an ordered list of `(path, kind, digest)` for every regular file (its
-//! sha256) and symlink (its target text) of the workspace. Directories are not recorded, so an
-//! empty directory is no change; rewriting the same bytes, or touching only mtime or
+//! Change detection: an ordered list of `(path, kind, digest, size)` for every regular file
+//! (its MD5) and symlink (its target text) of the workspace. Directories are not recorded, so
+//! an empty directory is no change; rewriting the same bytes, or touching only mtime or
 //! permissions, is no change either.
+//!
+//! Reading every file twice per attempt (before and after the body) is what a naive detector
+//! pays; this one reads a file only when its stamp cannot vouch for it (docs/design.md,
+//! "Change detection"):
+//! - before the body, the [`Baseline`] records every file's [`Stamp`] and takes its MD5 from
+//!   the download's manifest (lakeFS's checksum of the object it was written from), reading
+//!   only files whose checksum is not a plain MD5;
+//! - then it writes a probe file and reads the file system's clock off its change time `T`.
+//!   Every write, truncation, rename or `utimes` sets a file's change time to the file
+//!   system's clock, which the body can only move forward from `T`: a file recorded with a
+//!   change time before `T` whose stamp is unchanged after the body was not touched by it. A
+//!   file recorded at or after `T` (written within the clock's last tick) is *racy*: its stamp
+//!   proves nothing, so it is read after the body like a file whose stamp changed;
+//! - after the body, [`Baseline::after`] hashes only the new, racy and re-stamped files.
 
+use std::collections::HashMap;
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use perago_contract::paths::ATTEMPT_MARKER;
+
+use crate::workspace::download::Manifest;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -20,38 +36,136 @@ pub enum Kind {
 pub struct Item {
     pub path: String,
     pub kind: Kind,
-    /// sha256 hex of a file; the target of a symlink.
+    /// MD5 hex of a file (what lakeFS reports as the checksum of uploaded objects); the
+    /// target of a symlink.
     pub digest: String,
-    /// MD5 hex of a file (what lakeFS reports as the checksum of uploaded objects).
-    pub md5: String,
     pub size: u64,
 }
 
 pub type Snapshot = Vec<Item>;
 
-/// Take a snapshot; blocking (hashes every file), so run it off the async runtime.
+/// What the file system says of a file without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    size: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+    inode: u64,
+    device: u64,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            size: meta.size(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            inode: meta.ino(),
+            device: meta.dev(),
+        }
+    }
+}
+
+/// The workspace as the body received it.
+#[derive(Debug)]
+pub struct Baseline {
+    items: Snapshot,
+    /// Per file: its stamp, and whether the stamp may be trusted after the body (not racy).
+    stamps: HashMap<String, (Stamp, bool)>,
+}
+
+impl Baseline {
+    /// Record the workspace at `root` before the body runs; `probe` is a path on the same
+    /// file system, outside the workspace, written and removed to read the clock. Blocking:
+    /// run it off the async runtime.
+    pub fn record(root: &Path, probe: &Path, downloaded: &Manifest) -> std::io::Result<Self> {
+        let mut items = Vec::new();
+        let mut stamps = HashMap::new();
+        walk(root, |path, entry, kind| {
+            if kind.is_symlink() {
+                items.push(symlink(path, &entry.path())?);
+            } else if kind.is_file() {
+                let stamp = Stamp::of(&entry.metadata()?);
+                let known = downloaded
+                    .objects
+                    .get(&path)
+                    .filter(|(checksum, size)| is_md5(checksum) && *size == stamp.size);
+                let (digest, size) = match known {
+                    Some((checksum, size)) => (checksum.clone(), *size),
+                    None => md5_of(&entry.path())?,
+                };
+                stamps.insert(path.clone(), (stamp, true));
+                items.push(Item {
+                    path,
+                    kind: Kind::File,
+                    digest,
+                    size,
+                });
+            }
+            Ok(())
+        })?;
+        let clock = clock_at(probe)?;
+        for (stamp, trusted) in stamps.values_mut() {
+            *trusted = stamp.changed < clock;
+        }
+        items.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Self { items, stamps })
+    }
+
+    /// The workspace as it was recorded.
+    pub fn items(&self) -> &Snapshot {
+        &self.items
+    }
+
+    /// The workspace at `root` now, reading only the files whose stamp cannot vouch for
+    /// them. Blocking.
+    pub fn after(&self, root: &Path) -> std::io::Result<Snapshot> {
+        let recorded: HashMap<&str, &Item> =
+            self.items.iter().map(|i| (i.path.as_str(), i)).collect();
+        let mut items = Vec::new();
+        walk(root, |path, entry, kind| {
+            if kind.is_symlink() {
+                items.push(symlink(path, &entry.path())?);
+            } else if kind.is_file() {
+                let stamp = Stamp::of(&entry.metadata()?);
+                let vouched = self
+                    .stamps
+                    .get(&path)
+                    .is_some_and(|(before, trusted)| *trusted && *before == stamp);
+                let item = match recorded.get(path.as_str()) {
+                    Some(item) if vouched => (*item).clone(),
+                    _ => {
+                        let (digest, size) = md5_of(&entry.path())?;
+                        Item {
+                            path,
+                            kind: Kind::File,
+                            digest,
+                            size,
+                        }
+                    }
+                };
+                items.push(item);
+            }
+            Ok(())
+        })?;
+        items.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(items)
+    }
+}
+
+/// Every regular file and symlink below `root` (the attempt marker aside), hashed; for a
+/// workspace not made by a download. Blocking.
 pub fn take(root: &Path) -> std::io::Result<Snapshot> {
     let mut items = Vec::new();
-    super::tree::walk(root, |path, entry, kind| {
-        if entry.file_name() == ATTEMPT_MARKER {
-            return Ok(());
-        }
+    walk(root, |path, entry, kind| {
         if kind.is_symlink() {
-            let target = std::fs::read_link(entry.path())?;
-            items.push(Item {
-                path,
-                kind: Kind::Symlink,
-                digest: target.to_string_lossy().into_owned(),
-                md5: String::new(),
-                size: 0,
-            });
+            items.push(symlink(path, &entry.path())?);
         } else if kind.is_file() {
-            let (digest, md5, size) = hash_file(&entry.path())?;
+            let (digest, size) = md5_of(&entry.path())?;
             items.push(Item {
                 path,
                 kind: Kind::File,
                 digest,
-                md5,
                 size,
             });
         }
@@ -61,14 +175,55 @@ pub fn take(root: &Path) -> std::io::Result<Snapshot> {
     Ok(items)
 }
 
+/// The workspace's files and symlinks, the attempt marker aside.
+fn walk(
+    root: &Path,
+    mut visit: impl FnMut(String, &std::fs::DirEntry, std::fs::FileType) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    super::tree::walk(root, |path, entry, kind| {
+        if entry.file_name() == ATTEMPT_MARKER {
+            return Ok(());
+        }
+        visit(path, entry, kind)
+    })
+}
+
+fn symlink(path: String, at: &Path) -> std::io::Result<Item> {
+    let target = std::fs::read_link(at)?;
+    Ok(Item {
+        path,
+        kind: Kind::Symlink,
+        digest: target.to_string_lossy().into_owned(),
+        size: 0,
+    })
+}
+
+/// The file system's clock now, as the change time of a file written at `probe`.
+fn clock_at(probe: &Path) -> std::io::Result<(i64, i64)> {
+    std::fs::write(probe, b"clock")?;
+    let meta = std::fs::symlink_metadata(probe);
+    std::fs::remove_file(probe)?;
+    let meta = meta?;
+    Ok((meta.ctime(), meta.ctime_nsec()))
+}
+
+/// A checksum lakeFS computed as the MD5 of the object's bytes (32 lowercase hex digits);
+/// others (a multipart upload's ETag, say) say nothing about the bytes.
+fn is_md5(checksum: &str) -> bool {
+    checksum.len() == 32
+        && checksum
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// sha256 and MD5 in one pass, 1 MiB at a time.
-fn hash_file(path: &Path) -> std::io::Result<(String, String, u64)> {
+/// MD5 hex and size of a file, read 1 MiB at a time.
+fn md5_of(path: &Path) -> std::io::Result<(String, u64)> {
+    use md5::Digest;
     let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
     let mut md5 = md5::Md5::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -78,58 +233,179 @@ fn hash_file(path: &Path) -> std::io::Result<(String, String, u64)> {
             break;
         }
         size += n as u64;
-        hasher.update(&buffer[..n]);
         md5.update(&buffer[..n]);
     }
-    Ok((hex(&hasher.finalize()), hex(&md5.finalize()), size))
+    Ok((hex(&md5.finalize()), size))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ONE_MD5: &str = "f97c5d29941bfb1b2fdab0874906ab82";
+
+    fn baseline(r: &Path) -> Baseline {
+        Baseline::record(r, &r.with_extension("probe"), &Manifest::default()).unwrap()
+    }
+
     #[test]
     fn what_counts_as_a_change() {
         let t = tempfile::tempdir().unwrap();
-        let r = t.path();
+        let r = &t.path().join("ws");
         std::fs::create_dir_all(r.join("a/b")).unwrap();
         std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
         std::fs::write(r.join(ATTEMPT_MARKER), b"{}").unwrap();
-        let before = take(r).unwrap();
+        let before = baseline(r);
         assert_eq!(
-            before.len(),
+            before.items().len(),
             1,
             "the marker and directories are not recorded"
         );
-        assert_eq!(before[0].size, 3);
+        assert_eq!(before.items()[0].size, 3);
+        assert_eq!(before.items()[0].digest, ONE_MD5, "MD5 of 'one'");
+        assert!(!r.with_extension("probe").exists(), "the probe is removed");
+        assert_eq!(&before.after(r).unwrap(), before.items());
 
         std::fs::create_dir(r.join("empty")).unwrap();
         std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
         std::fs::write(r.join("a/").join(ATTEMPT_MARKER), b"changed").unwrap();
         assert_eq!(
-            take(r).unwrap(),
-            before,
+            &before.after(r).unwrap(),
+            before.items(),
             "empty dirs, same bytes and markers are no change"
         );
 
         std::fs::write(r.join("a/b/f.txt"), b"two").unwrap();
-        assert_ne!(take(r).unwrap(), before);
+        assert_ne!(&before.after(r).unwrap(), before.items());
         std::fs::write(r.join("a/b/f.txt"), b"one").unwrap();
         std::os::unix::fs::symlink("a", r.join("link")).unwrap();
-        let with_link = take(r).unwrap();
+        let with_link = before.after(r).unwrap();
         assert_eq!(
             with_link[1],
             Item {
                 path: "link".into(),
                 kind: Kind::Symlink,
                 digest: "a".into(),
-                md5: String::new(),
                 size: 0
             }
         );
+        assert_eq!(take(r).unwrap(), with_link);
+    }
+
+    /// The edge cases of trusting stamps: each change keeps the size (and, where the test
+    /// can, the modification time) and must still be seen.
+    #[test]
+    fn a_changed_file_is_never_missed() {
+        let t = tempfile::tempdir().unwrap();
+        let r = &t.path().join("ws");
+        std::fs::create_dir(r).unwrap();
+        let files = [
+            "same-second",
+            "touched",
+            "replaced",
+            "symlinked",
+            "renamed-over",
+        ];
+        for f in files {
+            std::fs::write(r.join(f), b"one").unwrap();
+        }
+        // Every file's stamp is trusted only once the clock has passed its change time.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let before = baseline(r);
+        assert!(before.stamps.values().all(|(_, trusted)| *trusted));
+        let mtime = |f: &str| std::fs::metadata(r.join(f)).unwrap().modified().unwrap();
+
+        // Rewritten with the same size, its modification time set back as it was.
+        let was = mtime("same-second");
+        std::fs::write(r.join("same-second"), b"two").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(r.join("same-second"))
+            .unwrap()
+            .set_modified(was)
+            .unwrap();
+        assert_eq!(mtime("same-second"), was);
+        // Touched, same bytes: read again, and no change.
+        std::fs::File::options()
+            .write(true)
+            .open(r.join("touched"))
+            .unwrap()
+            .set_modified(std::time::SystemTime::now())
+            .unwrap();
+        // Removed and written anew (the inode number may come back).
+        std::fs::remove_file(r.join("replaced")).unwrap();
+        std::fs::write(r.join("replaced"), b"owt").unwrap();
+        // Replaced by a symlink.
+        std::fs::remove_file(r.join("symlinked")).unwrap();
+        std::os::unix::fs::symlink("touched", r.join("symlinked")).unwrap();
+        // A new file renamed over the old one.
+        std::fs::write(r.join("new"), b"eno").unwrap();
+        std::fs::rename(r.join("new"), r.join("renamed-over")).unwrap();
+
+        let after = before.after(r).unwrap();
         assert_eq!(
-            with_link[0].md5, "f97c5d29941bfb1b2fdab0874906ab82",
-            "MD5 of 'one'"
+            after,
+            take(r).unwrap(),
+            "the stamps vouched for nothing changed"
         );
+        let digest = |s: &Snapshot, f: &str| {
+            s.iter()
+                .find(|i| i.path == f)
+                .map(|i| (i.kind.clone(), i.digest.clone()))
+                .unwrap()
+        };
+        assert_eq!(digest(&after, "touched"), (Kind::File, ONE_MD5.into()));
+        for f in ["same-second", "replaced", "symlinked", "renamed-over"] {
+            assert_ne!(digest(&after, f), digest(before.items(), f), "{f}");
+        }
+    }
+
+    /// A trusted stamp is not read again; a racy one always is.
+    #[test]
+    fn racy_files_are_read_and_trusted_ones_are_not() {
+        let t = tempfile::tempdir().unwrap();
+        let r = &t.path().join("ws");
+        std::fs::create_dir(r).unwrap();
+        std::fs::write(r.join("f"), b"one").unwrap();
+        let stamp = Stamp::of(&std::fs::symlink_metadata(r.join("f")).unwrap());
+        let recorded = |trusted| Baseline {
+            items: vec![Item {
+                path: "f".into(),
+                kind: Kind::File,
+                digest: "recorded".into(),
+                size: 3,
+            }],
+            stamps: HashMap::from([("f".to_owned(), (stamp, trusted))]),
+        };
+        assert_eq!(recorded(true).after(r).unwrap()[0].digest, "recorded");
+        assert_eq!(recorded(false).after(r).unwrap()[0].digest, ONE_MD5);
+        // The clock is read after the files are written: a file written in the same tick
+        // as the probe is racy, never trusted.
+        let clock = clock_at(&t.path().join("probe")).unwrap();
+        assert!(stamp.changed <= clock);
+    }
+
+    #[test]
+    fn a_downloaded_md5_is_taken_from_the_manifest_and_others_are_read() {
+        let t = tempfile::tempdir().unwrap();
+        let r = &t.path().join("ws");
+        std::fs::create_dir(r).unwrap();
+        for f in ["md5", "multipart", "resized"] {
+            std::fs::write(r.join(f), b"one").unwrap();
+        }
+        let lakefs = "0123456789abcdef0123456789abcdef";
+        let manifest = Manifest {
+            objects: [
+                ("md5", lakefs, 3),
+                ("multipart", "0123456789abcdef0123456789abcdef-2", 3),
+                ("resized", lakefs, 4),
+            ]
+            .into_iter()
+            .map(|(p, c, s)| (p.to_owned(), (c.to_owned(), s)))
+            .collect(),
+        };
+        let before = Baseline::record(r, &t.path().join("probe"), &manifest).unwrap();
+        let digests: Vec<&str> = before.items().iter().map(|i| i.digest.as_str()).collect();
+        assert_eq!(digests, [lakefs, ONE_MD5, ONE_MD5]);
     }
 }
