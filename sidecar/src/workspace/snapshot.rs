@@ -79,36 +79,28 @@ impl Baseline {
     /// file system, outside the workspace, written and removed to read the clock. Blocking:
     /// run it off the async runtime.
     pub fn record(root: &Path, probe: &Path, downloaded: &Manifest) -> std::io::Result<Self> {
-        let mut items = Vec::new();
         let mut stamps = HashMap::new();
-        walk(root, |path, entry, kind| {
-            if kind.is_symlink() {
-                items.push(symlink(path, &entry.path())?);
-            } else if kind.is_file() {
-                let stamp = Stamp::of(&entry.metadata()?);
-                let known = downloaded
-                    .objects
-                    .get(&path)
-                    .filter(|(checksum, size)| is_md5(checksum) && *size == stamp.size);
-                let (digest, size) = match known {
-                    Some((checksum, size)) => (checksum.clone(), *size),
-                    None => md5_of(&entry.path())?,
-                };
-                stamps.insert(path.clone(), (stamp, true));
-                items.push(Item {
+        let items = scan(root, |path, entry| {
+            let stamp = Stamp::of(&entry.metadata()?);
+            let known = downloaded
+                .objects
+                .get(&path)
+                .filter(|(checksum, size)| is_md5(checksum) && *size == stamp.size);
+            stamps.insert(path.clone(), (stamp, true));
+            match known {
+                Some((checksum, size)) => Ok(Item {
                     path,
                     kind: Kind::File,
-                    digest,
-                    size,
-                });
+                    digest: checksum.clone(),
+                    size: *size,
+                }),
+                None => hashed(path, &entry.path()),
             }
-            Ok(())
         })?;
         let clock = clock_at(probe)?;
         for (stamp, trusted) in stamps.values_mut() {
             *trusted = stamp.changed < clock;
         }
-        items.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(Self { items, stamps })
     }
 
@@ -122,52 +114,41 @@ impl Baseline {
     pub fn after(&self, root: &Path) -> std::io::Result<Snapshot> {
         let recorded: HashMap<&str, &Item> =
             self.items.iter().map(|i| (i.path.as_str(), i)).collect();
-        let mut items = Vec::new();
-        walk(root, |path, entry, kind| {
-            if kind.is_symlink() {
-                items.push(symlink(path, &entry.path())?);
-            } else if kind.is_file() {
-                let stamp = Stamp::of(&entry.metadata()?);
-                let vouched = self
-                    .stamps
-                    .get(&path)
-                    .is_some_and(|(before, trusted)| *trusted && *before == stamp);
-                let item = match recorded.get(path.as_str()) {
-                    Some(item) if vouched => (*item).clone(),
-                    _ => {
-                        let (digest, size) = md5_of(&entry.path())?;
-                        Item {
-                            path,
-                            kind: Kind::File,
-                            digest,
-                            size,
-                        }
-                    }
-                };
-                items.push(item);
+        scan(root, |path, entry| {
+            let stamp = Stamp::of(&entry.metadata()?);
+            let vouched = self
+                .stamps
+                .get(&path)
+                .is_some_and(|(before, trusted)| *trusted && *before == stamp);
+            match recorded.get(path.as_str()) {
+                Some(item) if vouched => Ok((*item).clone()),
+                _ => hashed(path, &entry.path()),
             }
-            Ok(())
-        })?;
-        items.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(items)
+        })
     }
 }
 
 /// Every regular file and symlink below `root` (the attempt marker aside), hashed; for a
 /// workspace not made by a download. Blocking.
 pub fn take(root: &Path) -> std::io::Result<Snapshot> {
+    scan(root, |path, entry| hashed(path, &entry.path()))
+}
+
+/// The workspace's files and symlinks in path order, the attempt marker aside; `file` makes
+/// a regular file's item.
+fn scan(
+    root: &Path,
+    mut file: impl FnMut(String, &std::fs::DirEntry) -> std::io::Result<Item>,
+) -> std::io::Result<Snapshot> {
     let mut items = Vec::new();
-    walk(root, |path, entry, kind| {
+    super::tree::walk(root, |path, entry, kind| {
+        if entry.file_name() == ATTEMPT_MARKER {
+            return Ok(());
+        }
         if kind.is_symlink() {
             items.push(symlink(path, &entry.path())?);
         } else if kind.is_file() {
-            let (digest, size) = md5_of(&entry.path())?;
-            items.push(Item {
-                path,
-                kind: Kind::File,
-                digest,
-                size,
-            });
+            items.push(file(path, entry)?);
         }
         Ok(())
     })?;
@@ -175,16 +156,14 @@ pub fn take(root: &Path) -> std::io::Result<Snapshot> {
     Ok(items)
 }
 
-/// The workspace's files and symlinks, the attempt marker aside.
-fn walk(
-    root: &Path,
-    mut visit: impl FnMut(String, &std::fs::DirEntry, std::fs::FileType) -> std::io::Result<()>,
-) -> std::io::Result<()> {
-    super::tree::walk(root, |path, entry, kind| {
-        if entry.file_name() == ATTEMPT_MARKER {
-            return Ok(());
-        }
-        visit(path, entry, kind)
+/// A regular file's item, read.
+fn hashed(path: String, at: &Path) -> std::io::Result<Item> {
+    let (digest, size) = md5_of(at)?;
+    Ok(Item {
+        path,
+        kind: Kind::File,
+        digest,
+        size,
     })
 }
 
