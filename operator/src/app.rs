@@ -299,6 +299,7 @@ fn run(
             resync: std::time::Duration::from_secs(resync.max(1)),
             metrics: metrics.clone(),
             recommendations: Default::default(),
+            costs_changed: Default::default(),
             pods_http: reqwest::Client::builder()
                 .timeout(std::time::Duration::from_secs(1))
                 .build()

@@ -28,6 +28,8 @@ pub struct Context {
     /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
     pub recommendations:
         std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
+    /// When the operator last changed a deletion cost of each autoscaled task's pods.
+    pub costs_changed: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
     pub pods_http: reqwest::Client,
     /// Queue sizes of every Conductor, read every few seconds.

@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use perago_api::task::{DeletionPolicy, ScaleDecision};
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
@@ -406,17 +406,29 @@ async fn scale(
             .recommendations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let ns = task.namespace().unwrap_or_else(|| "default".into());
-        let key = format!("{ns}/{}", task.name_any());
-        let history = all.entry(key).or_default();
+        let history = all.entry(scaling_key(task)).or_default();
         scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
     };
     if next == replicas {
         return Ok((replicas, false));
     }
-    let ns = task.namespace().unwrap_or_else(|| "default".into());
-    if next < replicas && scaling::mark_deletion_costs(ctx, &ns, &work.busy).await > 0 {
-        return Ok((replicas, true));
+    if next < replicas {
+        let ns = task.namespace().unwrap_or_else(|| "default".into());
+        let key = scaling_key(task);
+        let now = std::time::Instant::now();
+        let costs = || {
+            ctx.costs_changed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if scaling::mark_deletion_costs(ctx, &ns, &work.busy).await > 0 {
+            costs().insert(key.clone(), now);
+        }
+        let costs_changed = costs().get(&key).copied();
+        if let Some(why) = scaling::scale_in_waits(&work.busy, costs_changed, now) {
+            debug!(from = replicas, to = next, %why, "the scale-in waits");
+            return Ok((replicas, true));
+        }
     }
     api.patch_scale(
         &task.name_any(),
@@ -438,8 +450,23 @@ async fn scale(
     Ok((next, false))
 }
 
+/// The key of a task's entries in the scaler's per-task state.
+fn scaling_key(task: &PeragoTask) -> String {
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    format!("{ns}/{}", task.name_any())
+}
+
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.forget_task(&task);
+    let key = scaling_key(&task);
+    ctx.recommendations
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&key);
+    ctx.costs_changed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&key);
     ctx.owned.forget(
         task.namespace().as_deref().unwrap_or("default"),
         &render::object_name(&task),

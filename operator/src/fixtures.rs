@@ -62,6 +62,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         resync: Duration::from_secs(60),
         metrics: Arc::new(crate::telemetry::Metrics::new().unwrap()),
         recommendations: Default::default(),
+        costs_changed: Default::default(),
         pods_http: reqwest::Client::new(),
         queues: QueueWatch::new(None),
         owned: crate::owned::Owned::empty(),

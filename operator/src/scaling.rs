@@ -27,6 +27,10 @@ pub struct BusyPod {
     pub busy: i64,
     /// Its `controller.kubernetes.io/pod-deletion-cost` now.
     cost: Option<String>,
+    /// Its sidecar answered (a pod that does not counts as fully busy).
+    answered: bool,
+    /// Its `Ready` condition is true.
+    ready: bool,
 }
 
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -51,20 +55,57 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
             let response = ctx.pods_http.get(&url).send().await?;
             response.error_for_status()?.json::<serde_json::Value>().await
         };
-        let busy = match answer.await {
-            Ok(v) => v["busy"].as_i64().unwrap_or(slots),
+        let (busy, answered) = match answer.await {
+            Ok(v) => (v["busy"].as_i64().unwrap_or(slots), true),
             Err(e) => {
                 tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
-                slots
+                (slots, false)
             }
         };
         BusyPod {
             name: pod.name_any(),
             busy,
             cost: pod.annotations().get(DELETION_COST).cloned(),
+            answered,
+            ready: is_ready(pod),
         }
     }))
     .await
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Why a scale-in whose deletion costs are in place must still wait, if it must.
+///
+/// - The ReplicaSet controller reads the costs from its own cache of pods, so a scale-in waits
+///   [`SCALE_IN_AFTER_COSTS`] after the operator last changed one, whatever woke the reconcile.
+/// - It ranks a pod that is not Ready before any deletion cost. A sidecar starts taking work
+///   before the kubelet's first readiness probe marks its pod Ready, so a pod that says it is
+///   busy but is not Ready yet would be removed first. Only pods that answered count here: one
+///   that does not answer may never become Ready, and must not hold every scale-in back.
+pub fn scale_in_waits(
+    pods: &[BusyPod],
+    costs_changed: Option<Instant>,
+    now: Instant,
+) -> Option<String> {
+    if let Some(at) = costs_changed {
+        let since = now.saturating_duration_since(at);
+        if since < SCALE_IN_AFTER_COSTS {
+            return Some(format!(
+                "deletion costs changed {} ms ago",
+                since.as_millis()
+            ));
+        }
+    }
+    let unready: Vec<&str> = pods
+        .iter()
+        .filter(|p| p.answered && p.busy > 0 && !p.ready)
+        .map(|p| p.name.as_str())
+        .collect();
+    (!unready.is_empty()).then(|| format!("busy pods not Ready yet: {}", unready.join(", ")))
 }
 
 /// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
@@ -271,6 +312,41 @@ mod tests {
         assert_eq!(
             stabilised(&mut h, t0 + Duration::from_secs(100), w, 1, 0),
             0
+        );
+    }
+
+    fn pod(name: &str, busy: i64, answered: bool, ready: bool) -> BusyPod {
+        BusyPod {
+            name: name.into(),
+            busy,
+            cost: Some(busy.to_string()),
+            answered,
+            ready,
+        }
+    }
+
+    #[test]
+    fn a_scale_in_waits_for_the_costs_to_settle_and_for_busy_pods_to_be_ready() {
+        let now = Instant::now();
+        let settled = Some(now - SCALE_IN_AFTER_COSTS);
+        let pods = [pod("idle", 0, true, false), pod("busy", 1, true, true)];
+        assert_eq!(scale_in_waits(&pods, settled, now), None);
+        assert_eq!(scale_in_waits(&pods, None, now), None);
+        let fresh = Some(now - Duration::from_millis(300));
+        assert_eq!(
+            scale_in_waits(&pods, fresh, now).as_deref(),
+            Some("deletion costs changed 300 ms ago")
+        );
+        let pods = [pod("idle", 0, true, true), pod("new", 1, true, false)];
+        assert_eq!(
+            scale_in_waits(&pods, settled, now).as_deref(),
+            Some("busy pods not Ready yet: new")
+        );
+        let silent = [pod("idle", 0, true, true), pod("crashing", 1, false, false)];
+        assert_eq!(
+            scale_in_waits(&silent, settled, now),
+            None,
+            "a pod that does not answer holds nothing back"
         );
     }
 
