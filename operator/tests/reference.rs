@@ -157,3 +157,99 @@ fn output_path_rules_match_python_perago() {
     assert!(out.status.success());
     assert!(std::fs::read_to_string(nested).unwrap().ends_with("}\n"));
 }
+
+/// `perago-operator SUBCOMMAND -f MANIFEST` to standard output.
+fn operator_output(subcommand: &str, manifest: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_perago-operator"))
+        .args([subcommand, "-f"])
+        .arg(manifest)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "perago-operator {subcommand} -f {}: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The repository's Python package (`python/`), on the reference Python's path.
+fn python_package_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
+}
+
+/// `perago-k8s manifest` turns each reference module into a PeragoTask whose TaskDef and task
+/// contract are those of the hand-written declaration, whose TaskDef the test above holds
+/// against `perago extract`.
+#[test]
+fn manifests_generated_from_the_modules_declare_the_same_tasks() {
+    let python = reference_python();
+    let work = tempfile::tempdir().unwrap();
+    let path = std::env::join_paths([python_package_dir(), reference_dir()]).unwrap();
+    for name in TASKS {
+        let generated = work.path().join(format!("{name}.yaml"));
+        let out = Command::new(&python)
+            .args(["-m", "perago_k8s", "manifest", &format!("tasks.{name}")])
+            .args(["--image", "registry.example.com/tasks:1.0", "--output"])
+            .arg(&generated)
+            .env("PYTHONPATH", &path)
+            .current_dir(work.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "perago-k8s manifest tasks.{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&generated).unwrap();
+        let task = &perago_api::manifest::parse(&text).unwrap()[0].task;
+        perago_api::validate(&task.spec).unwrap();
+        assert_eq!(
+            task.spec.executor.body.command,
+            ["python", "-m", "perago_k8s", "run"]
+                .map(str::to_owned)
+                .into_iter()
+                .chain([format!(
+                    "tasks.{name}:{}",
+                    function_of(&reference_dir().join(format!("tasks/{name}.py")))
+                )])
+                .collect::<Vec<_>>()
+        );
+        let hand_written = reference_dir().join(format!("tasks/{name}.yaml"));
+        for subcommand in ["taskdef", "contract"] {
+            assert_eq!(
+                operator_output(subcommand, &generated),
+                operator_output(subcommand, &hand_written),
+                "{name}: the generated manifest's {subcommand} differs from the declared one's"
+            );
+        }
+    }
+}
+
+/// The name of the first function a module defines.
+fn function_of(module: &Path) -> String {
+    let source = std::fs::read_to_string(module).unwrap();
+    source
+        .lines()
+        .find_map(|l| l.strip_prefix("def ")?.split('(').next().map(str::to_owned))
+        .unwrap()
+}
+
+/// The package's own tests (`python/tests`), under the reference Python and its pytest.
+#[test]
+fn the_python_package_passes_its_own_tests() {
+    let out = Command::new(reference_python())
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .env("PYTHONPATH", python_package_dir())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(python_package_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pytest python/tests:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

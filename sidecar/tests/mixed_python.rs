@@ -137,16 +137,31 @@ struct PythonWorker {
 
 impl PythonWorker {
     fn start(services: &Services, task: &str, conductor_url: &str, state: &Path) -> Self {
+        let source = PYTHON_MODULE.replace("TASK_NAME", task);
+        let state = state.to_str().unwrap();
+        Self::serve(
+            services,
+            "mixedmod",
+            &source,
+            conductor_url,
+            &[("MIXED_STATE", state)],
+        )
+    }
+
+    /// `perago start MODULE -j 2` for `source` written as `MODULE.py` in a directory of its own.
+    fn serve(
+        services: &Services,
+        module: &str,
+        source: &str,
+        conductor_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let python = perago_e2e::process::obtain("perago-python").unwrap();
         let dir = tempfile::Builder::new()
             .prefix("perago-python-")
             .tempdir()
             .unwrap();
-        std::fs::write(
-            dir.path().join("mixedmod.py"),
-            PYTHON_MODULE.replace("TASK_NAME", task),
-        )
-        .unwrap();
+        std::fs::write(dir.path().join(format!("{module}.py")), source).unwrap();
         let out = std::fs::File::create(dir.path().join("out.log")).unwrap();
         let child = tokio::process::Command::new(perago_e2e::process::bin_dir().join("watchdog"))
             .arg(std::process::id().to_string())
@@ -156,7 +171,7 @@ impl PythonWorker {
                 "-c",
                 "from perago.cli import app; app()",
                 "start",
-                "mixedmod",
+                module,
                 "-j",
                 "2",
             ])
@@ -170,7 +185,7 @@ impl PythonWorker {
             )
             .env("PERAGO_WORKSPACE_ROOT", dir.path().join("workspaces"))
             .env("PERAGO_LOG_ROOT", dir.path().join("logs"))
-            .env("MIXED_STATE", state)
+            .envs(env.iter().copied())
             .process_group(0)
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -989,4 +1004,195 @@ async fn each_fence_on_the_other_sides_commits() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(report.publications().len(), 2, "C2 and C3: {report:?}");
     assert_no_staging_branch(&client, &repo).await;
+}
+
+/// A Python Perago task module as its users write it: Pydantic models, a workspace with
+/// guardrails, a terminal error for input that cannot work, files written and deleted.
+const MIGRATED_MODULE: &str = r#"
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from perago import (RetryPolicy, TaskControls, TaskTerminalError, TimeoutPolicy, WorkspaceSpec,
+                    forbid_glob, require_file, task)
+
+
+class Params(BaseModel):
+    words: list[str]
+    upper: bool = False
+
+
+class Result(BaseModel):
+    files: int = Field(ge=0)
+    size: int
+
+
+@task(
+    name="TASK_NAME",
+    owner_email="e2e@example.com",
+    description="Writes one file per word",
+    workspace=WorkspaceSpec(prefix="/docs", pre=[require_file("seed.txt")], post=[forbid_glob("**/*.tmp")]),
+    controls=TaskControls(retry=RetryPolicy(count=0), timeout=TimeoutPolicy(response_seconds=30)),
+)
+def write(workspace: Path, params: Params) -> Result:
+    if not params.words:
+        raise TaskTerminalError("no words to write")
+    out = workspace / "out"
+    out.mkdir(exist_ok=True)
+    for i, word in enumerate(params.words):
+        (out / f"{i}.txt").write_text(word.upper() if params.upper else word)
+    (workspace / "seed.txt").unlink()
+    files = [p for p in workspace.rglob("*") if p.is_file() and p.name != ".perago-attempt.json"]
+    return Result(files=len(files), size=sum(p.stat().st_size for p in files))
+"#;
+
+/// One Python Perago module, unchanged, served by Python Perago's own worker and, as the
+/// PeragoTask `perago-k8s manifest` writes for it, by this project's sidecar with
+/// `python -m perago_k8s run` as its body: the same outcome, result and files on the branch.
+#[tokio::test]
+async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
+    let services = services().await;
+    let api = ConductorApi::new(&services.conductor().api_url);
+    let client = lake_client(services);
+    let python = perago_e2e::process::obtain("perago-python").unwrap();
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let pid = std::process::id();
+    let (py_task, rs_task) = (format!("migrate-py-{pid}"), format!("migrate-rs-{pid}"));
+
+    // The PeragoTask, generated from the module as a user would.
+    let modules = tempfile::tempdir().unwrap();
+    std::fs::write(
+        modules.path().join("migrated.py"),
+        MIGRATED_MODULE.replace("TASK_NAME", &rs_task),
+    )
+    .unwrap();
+    let python_path = std::env::join_paths([package.as_path(), modules.path()]).unwrap();
+    let generated = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "perago_k8s",
+            "manifest",
+            "migrated",
+            "--image",
+            "tasks:1",
+        ])
+        .env("PYTHONPATH", &python_path)
+        .output()
+        .unwrap();
+    assert!(
+        generated.status.success(),
+        "perago-k8s manifest: {}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let yaml = String::from_utf8(generated.stdout).unwrap();
+    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
+    perago_api::validate(&spec).unwrap();
+    assert_eq!(
+        spec.executor.body.command,
+        ["python", "-m", "perago_k8s", "run", "migrated:write"]
+    );
+    register(&api, &spec).await;
+    let mut py_spec = spec.clone();
+    py_spec.task_name = py_task.clone();
+    register(&api, &py_spec).await;
+
+    let python_worker = PythonWorker::serve(
+        services,
+        "migrated",
+        &MIGRATED_MODULE.replace("TASK_NAME", &py_task),
+        &services.conductor().api_url,
+        &[],
+    );
+    let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
+    let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
+    let (python, python_path) = (python.to_str().unwrap(), python_path.to_str().unwrap());
+    let pod = Pod::start(
+        &bins,
+        &api.base,
+        &contract,
+        r#"exec "$PERAGO_PYTHON" -m perago_k8s run migrated:write"#,
+        &[
+            (
+                "LAKECTL_SERVER_ENDPOINT_URL",
+                services.lakefs().endpoint.as_str(),
+            ),
+            ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
+            (
+                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+                LAKEFS_SECRET_ACCESS_KEY,
+            ),
+            ("PERAGO_PYTHON", python),
+            ("PYTHONPATH", python_path),
+        ],
+    )
+    .await;
+
+    let lake = perago_e2e::lake::Lake::new(&services.lakefs().endpoint);
+    let seed = [
+        ("docs/seed.txt", "seed"),
+        ("docs/keep.txt", "kept"),
+        ("other.txt", "x"),
+    ];
+    for (case, params) in [
+        (
+            "words",
+            json!({"words": ["alpha", "beta"], "upper": true, "ignored": 1}),
+        ),
+        ("none", json!({"words": []})),
+    ] {
+        let mut outcomes = Vec::new();
+        for task in [&py_task, &rs_task] {
+            let repo = format!("{task}-{case}");
+            let input = lake.seed(&repo, &seed).await.unwrap();
+            let id = api
+                .start(
+                    task,
+                    case,
+                    json!({"workspace": workspace(&repo, &input), "params": params}),
+                )
+                .await;
+            let wf = api.finished(&id).await;
+            let step = attempts(&wf, "step")[0].clone();
+            let files = tree(&client, &repo, &head(&client, &repo).await).await;
+            assert_no_staging_branch(&client, &repo).await;
+            outcomes.push((step, files));
+        }
+        let diag = || format!("python: {}\nsidecar: {}", python_worker.log(), pod.log());
+        let [(py, py_files), (rs, rs_files)] = &outcomes[..] else {
+            unreachable!()
+        };
+        assert_eq!(py["status"], rs["status"], "{case}: {py}\n{rs}\n{}", diag());
+        assert_eq!(
+            py["outputData"]["result"],
+            rs["outputData"]["result"],
+            "{case}: {}",
+            diag()
+        );
+        assert_eq!(py_files, rs_files, "{case}: the files on the branch");
+        let py_reason = py["reasonForIncompletion"].as_str().unwrap_or_default();
+        let rs_reason = rs["reasonForIncompletion"].as_str().unwrap_or_default();
+        assert!(
+            rs_reason.contains(py_reason),
+            "{case}: {py_reason:?} vs {rs_reason:?}"
+        );
+        match case {
+            "words" => {
+                assert_eq!(py["status"], "COMPLETED", "{}", diag());
+                assert_eq!(py["outputData"]["result"], json!({"files": 3, "size": 13}));
+                assert_eq!(
+                    *rs_files,
+                    files(&[
+                        ("docs/keep.txt", "kept"),
+                        ("docs/out/0.txt", "ALPHA"),
+                        ("docs/out/1.txt", "BETA"),
+                        ("other.txt", "x"),
+                    ])
+                );
+            }
+            _ => {
+                assert_eq!(py["status"], "FAILED_WITH_TERMINAL_ERROR", "{}", diag());
+                assert_eq!(py_reason, "no words to write");
+            }
+        }
+    }
 }
