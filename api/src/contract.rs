@@ -124,6 +124,41 @@ spec:
     }
 
     #[test]
+    fn persistent_body_limits_are_checked() {
+        let with = |body: &str| {
+            let yaml = BASE.replace("command: [sh]}", &format!("command: [sh], {body}}}"));
+            crate::validate(&spec(&yaml))
+                .map(|_| ())
+                .map_err(|e| (e.field, e.message))
+        };
+        assert_eq!(with("mode: persistent"), Ok(()));
+        assert_eq!(
+            with("mode: persistent, persistent: {maxAttempts: 100, maxMemory: 1Gi}"),
+            Ok(())
+        );
+        assert_eq!(
+            with("persistent: {maxAttempts: 3}"),
+            Err((
+                "spec.executor.body.persistent".into(),
+                "applies to mode: persistent only".into()
+            ))
+        );
+        assert_eq!(
+            with("mode: persistent, persistent: {maxAttempts: 0}")
+                .unwrap_err()
+                .0,
+            "spec.executor.body.persistent.maxAttempts"
+        );
+        assert_eq!(
+            with("mode: persistent, persistent: {maxMemory: lots}"),
+            Err((
+                "spec.executor.body.persistent.maxMemory".into(),
+                r#""lots" is not a positive memory quantity (such as 512Mi)"#.into()
+            ))
+        );
+    }
+
+    #[test]
     fn unknown_contract_fields_are_refused() {
         let c = render(&spec(BASE)).expect("renders");
         let mut v = serde_json::to_value(&c).expect("value");

@@ -5,6 +5,7 @@
 pub mod contract;
 pub mod manifest;
 pub mod pod;
+pub mod quantity;
 pub mod schema;
 pub mod task;
 pub mod taskdef;

@@ -525,6 +525,44 @@ pub struct BodyContainer {
     /// Defaults to the restricted profile when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    /// `perAttempt` (the default): the command runs as a fresh process for every attempt.
+    /// `persistent`: one process per slot stays up and takes attempt after attempt over the
+    /// runner protocol's version 2, so what it loads once stays loaded (docs/runner-protocol.md).
+    #[serde(default, skip_serializing_if = "BodyMode::is_per_attempt")]
+    pub mode: BodyMode,
+    /// When a persistent body process is replaced by a fresh one, besides crashing or its
+    /// attempt being cancelled (`mode: persistent` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<PersistentBody>,
+}
+
+/// How the body's command runs: a process per attempt, or one that serves many.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BodyMode {
+    #[default]
+    PerAttempt,
+    Persistent,
+}
+
+impl BodyMode {
+    fn is_per_attempt(&self) -> bool {
+        *self == Self::PerAttempt
+    }
+}
+
+/// Limits of a persistent body process; past one, it is replaced between attempts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentBody {
+    /// Attempts one process serves before it is replaced (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_attempts: Option<u32>,
+    /// Resident memory (a quantity, such as `512Mi`) past which the process is replaced after
+    /// its attempt ends (default: no limit; the container's memory limit still applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<Quantity>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -341,6 +341,34 @@ fn check_executor(spec: &PeragoTaskSpec) -> Result<(), FieldError> {
             "command is required: perago-runner starts it once per attempt",
         ));
     }
+    match (&e.body.mode, &e.body.persistent) {
+        (crate::task::BodyMode::PerAttempt, Some(_)) => {
+            return Err(FieldError::new(
+                "spec.executor.body.persistent",
+                "applies to mode: persistent only",
+            ));
+        }
+        (_, Some(limits)) => {
+            if limits.max_attempts == Some(0) {
+                return Err(FieldError::new(
+                    "spec.executor.body.persistent.maxAttempts",
+                    "must be at least 1",
+                ));
+            }
+            if let Some(q) = &limits.max_memory
+                && crate::quantity::bytes(q).is_none_or(|b| b == 0)
+            {
+                return Err(FieldError::new(
+                    "spec.executor.body.persistent.maxMemory",
+                    format!(
+                        "{:?} is not a positive memory quantity (such as 512Mi)",
+                        q.0
+                    ),
+                ));
+            }
+        }
+        _ => {}
+    }
     if !(1..=64).contains(&e.slots) {
         return Err(FieldError::new(
             "spec.executor.slots",

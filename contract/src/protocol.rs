@@ -68,6 +68,50 @@ pub enum SidecarMessage {
     Cancel { execution_id: String },
 }
 
+/// Persistent bodies (`spec.executor.body.mode: persistent`), protocol version 2 of the body's
+/// side: the runner starts the command once per slot and keeps it for many attempts. The
+/// process gets [`persistent::PROTOCOL_ENV`] in its environment and, as its standard input, a
+/// Unix stream socket to the runner that carries newline-delimited JSON: one
+/// [`persistent::ToBody::Attempt`] at a time, answered by one [`persistent::FromBody::Done`]
+/// once the attempt's files are complete. Outcomes travel through the same files as in
+/// version 1 (one process per attempt, which stays the default).
+pub mod persistent {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    pub const PROTOCOL: u32 = 2;
+    /// Set to [`PROTOCOL`] in a persistent body's environment.
+    pub const PROTOCOL_ENV: &str = "PERAGO_BODY_PROTOCOL";
+    /// The runner's settings, also given as its flags `--persistent`, `--max-attempts N` and
+    /// `--max-memory BYTES`.
+    pub const MODE_ENV: &str = "PERAGO_BODY_MODE";
+    pub const MAX_ATTEMPTS_ENV: &str = "PERAGO_BODY_MAX_ATTEMPTS";
+    pub const MAX_MEMORY_ENV: &str = "PERAGO_BODY_MAX_MEMORY_BYTES";
+
+    /// Runner → persistent body.
+    #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    #[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+    pub enum ToBody {
+        /// Run one attempt with `env` (the variables of version 1: params, result, error,
+        /// metrics, workspace, the attempt's identity).
+        #[serde(rename_all = "camelCase")]
+        Attempt {
+            execution_id: String,
+            env: BTreeMap<String, String>,
+        },
+    }
+
+    /// Persistent body → runner.
+    #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    #[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+    pub enum FromBody {
+        /// The attempt is over and its files are complete; the process takes the next one.
+        #[serde(rename_all = "camelCase")]
+        Done { execution_id: String },
+    }
+}
+
 /// Environment variables an attempt's process receives.
 pub mod env {
     pub const PARAMS: &str = "PERAGO_PARAMS";
@@ -139,6 +183,31 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&assign).unwrap(),
             r#"{"type":"assign","executionId":"e1","slot":2,"env":{"A":"b"}}"#
+        );
+    }
+
+    #[test]
+    fn persistent_bodies_speak_attempt_and_done() {
+        let attempt = persistent::ToBody::Attempt {
+            execution_id: "e1".into(),
+            env: BTreeMap::from([("PERAGO_PARAMS".into(), "/p".into())]),
+        };
+        assert_eq!(
+            serde_json::to_string(&attempt).unwrap(),
+            r#"{"type":"attempt","executionId":"e1","env":{"PERAGO_PARAMS":"/p"}}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<persistent::FromBody>(r#"{"type":"done","executionId":"e1"}"#)
+                .unwrap(),
+            persistent::FromBody::Done {
+                execution_id: "e1".into()
+            }
+        );
+        assert!(
+            serde_json::from_str::<persistent::FromBody>(
+                r#"{"type":"done","executionId":"e1","code":0}"#
+            )
+            .is_err()
         );
     }
 

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use perago_api::contract::TaskContract;
 use perago_api::pod;
-use perago_api::task::{BodyContainer, ExecutorSpec};
+use perago_api::task::{BodyContainer, BodyMode, ExecutorSpec};
 use perago_api::{PeragoTask, PeragoTaskSpec};
 
 pub use perago_api::pod::{CONTRACT_DIR, CONTRACT_HASH_ANNOTATION, TASK_LABEL, WORK_DIR};
@@ -448,7 +448,23 @@ fn sidecar_container(
 /// The user's body, started through `perago-runner`, which takes its assignments from the
 /// sidecar; `mounts` are the template's, after the operator's.
 fn body_container(body: &BodyContainer, mounts: Vec<VolumeMount>) -> Container {
-    let mut command = vec![format!("{WORK_DIR}/bin/perago-runner"), "--".to_owned()];
+    let mut command = vec![format!("{WORK_DIR}/bin/perago-runner")];
+    if body.mode == BodyMode::Persistent {
+        command.push("--persistent".into());
+        let limits = body.persistent.clone().unwrap_or_default();
+        if let Some(n) = limits.max_attempts {
+            command.extend(["--max-attempts".into(), n.to_string()]);
+        }
+        // Validation refused a quantity that is not a number of bytes.
+        if let Some(bytes) = limits
+            .max_memory
+            .as_ref()
+            .and_then(perago_api::quantity::bytes)
+        {
+            command.extend(["--max-memory".into(), bytes.to_string()]);
+        }
+    }
+    command.push("--".into());
     command.extend(body.command.iter().cloned());
     command.extend(body.args.iter().cloned());
     Container {
@@ -655,6 +671,39 @@ mod tests {
     replicas: 2
     body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
 "#;
+
+    #[test]
+    fn a_persistent_body_is_started_by_the_runner_with_its_limits() {
+        let mut t = task(SPEC);
+        let c = contract::render(&t.spec).unwrap();
+        let body = &mut t.spec.executor.body;
+        body.mode = BodyMode::Persistent;
+        let command = |t: &PeragoTask| {
+            let d = deployment(t, &c, &defaults(), 1);
+            let pod = d.spec.unwrap().template.spec.unwrap();
+            pod.containers[0].command.clone().unwrap()
+        };
+        assert_eq!(
+            command(&t)[..3],
+            ["/perago-work/bin/perago-runner", "--persistent", "--"]
+        );
+        t.spec.executor.body.persistent = Some(perago_api::task::PersistentBody {
+            max_attempts: Some(100),
+            max_memory: Some(quantity("512Mi")),
+        });
+        assert_eq!(
+            command(&t)[..7],
+            [
+                "/perago-work/bin/perago-runner",
+                "--persistent",
+                "--max-attempts",
+                "100",
+                "--max-memory",
+                "536870912",
+                "--"
+            ]
+        );
+    }
 
     #[test]
     fn the_pod_has_the_runner_the_native_sidecar_and_the_wrapped_body() {

@@ -2,7 +2,9 @@
 
 It follows the runner protocol (docs/runner-protocol.md): params from `$PERAGO_PARAMS`, the
 workspace at `$PERAGO_WORKSPACE`, the result to `$PERAGO_RESULT`, a failure to
-`$PERAGO_ERROR`, application metrics appended to `$PERAGO_METRICS`. The sidecar has already
+`$PERAGO_ERROR`, application metrics appended to `$PERAGO_METRICS`. Under a persistent body
+(protocol 2) one process serves attempt after attempt: the module is imported once, and each
+attempt's variables come over the socket on standard input. The sidecar has already
 checked the params against the task's JSON schema and the pre guardrails; what Python Perago
 does inside its worker is done here the same way: the params are validated by the task's own
 model (extra fields refused for strict tasks, dropped otherwise), and the returned value is
@@ -16,16 +18,21 @@ import contextlib
 import importlib
 import json
 import os
+import socket
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from perago import MetricRecorder, TaskDefinition, TaskExecutionError, TaskTerminalError
+
+
+# Set by perago-runner for a persistent body (spec.executor.body.mode: persistent).
+PROTOCOL_ENV = "PERAGO_BODY_PROTOCOL"
 
 
 class BodyError(Exception):
@@ -80,6 +87,11 @@ def failure(exc: BaseException) -> dict[str, Any]:
 
 def run(target: str, env: Mapping[str, str] = os.environ) -> int:
     """One attempt; the exit status (0: result written, 1: error document written)."""
+    return attempt(lambda: load(target), env)
+
+
+def attempt(definition: Callable[[], TaskDefinition], env: Mapping[str, str]) -> int:
+    """One attempt of the task `definition()` gives, with the attempt's variables `env`."""
     try:
         result_path = Path(env["PERAGO_RESULT"])
         error_path = Path(env["PERAGO_ERROR"])
@@ -90,15 +102,59 @@ def run(target: str, env: Mapping[str, str] = os.environ) -> int:
     workspace = Path(env["PERAGO_WORKSPACE"]) if env.get("PERAGO_WORKSPACE") else None
     metrics = Path(env["PERAGO_METRICS"]) if env.get("PERAGO_METRICS") else None
     try:
-        definition = load(target)
         params = json.loads(params_path.read_text(encoding="utf-8"))
-        result = invoke(definition, params, workspace, metrics)
+        result = invoke(definition(), params, workspace, metrics)
     except Exception as exc:  # noqa: BLE001 - every failure of the attempt is reported
         traceback.print_exc(file=sys.stderr)
         error_path.write_text(json.dumps(failure(exc), ensure_ascii=False), encoding="utf-8")
         return 1
     result_path.write_text(json.dumps(result, ensure_ascii=False), encoding="utf-8")
     return 0
+
+
+def serve(target: str, channel: socket.socket) -> int:
+    """Protocol 2: attempt after attempt from `channel` until the runner closes it.
+
+    The module is imported once, before the first attempt; an import that fails fails every
+    attempt with its reason, as it would one process per attempt. Each attempt's variables
+    are also set in `os.environ` for its duration (one attempt at a time per process).
+    """
+    # Loaded before the first attempt arrives: the runner starts persistent bodies ahead of
+    # their attempts, so the import is not paid inside an attempt's deadline.
+    try:
+        loaded: TaskDefinition | Exception = load(target)
+    except Exception as exc:  # noqa: BLE001 - reported by every attempt
+        traceback.print_exc(file=sys.stderr)
+        loaded = exc
+
+    def definition() -> TaskDefinition:
+        if isinstance(loaded, Exception):
+            raise loaded
+        return loaded
+
+    previous: set[str] = set()
+    with channel, channel.makefile("r", encoding="utf-8") as lines:
+        for line in lines:
+            message = json.loads(line)
+            if message.get("type") != "attempt" or not isinstance(message.get("env"), dict):
+                print(f"perago_k8s run: not an attempt: {line.strip()[:200]}", file=sys.stderr)
+                return 2
+            env = message["env"]
+            for key in previous - env.keys():
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            previous = set(env)
+            attempt(definition, env)
+            done = {"type": "done", "executionId": message["executionId"]}
+            channel.sendall(json.dumps(done).encode() + b"\n")
+    return 0
+
+
+def main(target: str) -> int:
+    """`python -m perago_k8s run`: a persistent body when the runner says so, else one attempt."""
+    if os.environ.get(PROTOCOL_ENV) == "2":
+        return serve(target, socket.socket(fileno=os.dup(0)))
+    return run(target)
 
 
 class MetricsFile(MetricRecorder):

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from perago_k8s import __version__
-from perago_k8s.body import run
+from perago_k8s import body as task_body
 from perago_k8s.manifest import ManifestError, generate
 
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.target)
+        return task_body.main(args.target)
     return _manifest(args)
 
 

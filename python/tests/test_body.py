@@ -134,3 +134,54 @@ def test_a_wrong_target_fails_the_attempt_saying_why(attempt, target, words):
 def test_outside_the_runner_it_says_what_is_missing(capsys):
     assert run("m:f", {}) == 2
     assert "PERAGO_RESULT is not set" in capsys.readouterr().err
+
+
+def test_a_persistent_body_serves_attempts_until_the_runner_closes_its_socket(module, tmp_path):
+    import socket
+    import threading
+
+    from perago_k8s.body import serve
+
+    name = module("""
+import os
+from pydantic import BaseModel
+from perago import task
+
+IMPORTS = [os.getpid()]
+
+class Params(BaseModel):
+    n: int
+
+class Result(BaseModel):
+    n: int
+    imports: int
+    task_id: str
+
+@task(name="p", owner_email="a@example.com")
+def double(params: Params) -> Result:
+    if params.n < 0:
+        raise ValueError("negative")
+    return Result(n=params.n * 2, imports=len(IMPORTS), task_id=os.environ["PERAGO_TASK_ID"])
+""")
+    runner_end, body_end = socket.socketpair()
+    served = []
+    thread = threading.Thread(target=lambda: served.append(serve(f"{name}:double", body_end)))
+    thread.start()
+    answers = runner_end.makefile("r")
+    outcomes = []
+    for i, n in enumerate([1, 2, -1]):
+        env = {key: str(tmp_path / f"{i}-{key}") for key in ("PERAGO_PARAMS", "PERAGO_RESULT", "PERAGO_ERROR")}
+        env["PERAGO_TASK_ID"] = f"t{i}"
+        (tmp_path / f"{i}-PERAGO_PARAMS").write_text(json.dumps({"n": n}))
+        runner_end.sendall(json.dumps({"type": "attempt", "executionId": f"e{i}", "env": env}).encode() + b"\n")
+        assert json.loads(answers.readline()) == {"type": "done", "executionId": f"e{i}"}
+        result, error = tmp_path / f"{i}-PERAGO_RESULT", tmp_path / f"{i}-PERAGO_ERROR"
+        outcomes.append(json.loads(result.read_text()) if result.exists() else json.loads(error.read_text()))
+    runner_end.shutdown(socket.SHUT_WR)
+    thread.join(10)
+    assert served == [0]
+    assert outcomes == [
+        {"n": 2, "imports": 1, "task_id": "t0"},
+        {"n": 4, "imports": 1, "task_id": "t1"},
+        {"reason": "negative", "terminal": False},
+    ]

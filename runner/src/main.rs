@@ -11,6 +11,8 @@
 //!   already taken, lets running processes finish and report, and exits 0 when the sidecar
 //!   closes the connection.
 //! - Re-parented (its starter died; only outside a container): it exits.
+//! - `--persistent` (`spec.executor.body.mode: persistent`): the command is started once per
+//!   slot and takes attempt after attempt over a socket ([`persistent`]).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,24 +29,71 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use perago_contract::protocol::persistent::{MAX_ATTEMPTS_ENV, MAX_MEMORY_ENV, MODE_ENV};
 use perago_contract::protocol::{
     MAX_LINE_BYTES, PROTOCOL_VERSION, RunnerMessage, SOCKET_NAME, SidecarMessage,
 };
 
+mod persistent;
+
 struct Args {
     socket: PathBuf,
     command: Vec<String>,
+    /// Persistent bodies and when to replace them; `None`: a process per attempt.
+    persistent: Option<persistent::Limits>,
 }
 
-const USAGE: &str = "usage: perago-runner [--socket PATH] -- COMMAND [ARGS...] | --version";
+const USAGE: &str = "usage: perago-runner [--socket PATH] [--persistent [--max-attempts N] [--max-memory BYTES]] -- COMMAND [ARGS...] | --version";
+
+/// A positive whole number of a flag or variable.
+fn positive<T: std::str::FromStr + PartialOrd + Default>(
+    name: &str,
+    value: &str,
+) -> Result<T, String> {
+    value
+        .parse::<T>()
+        .ok()
+        .filter(|n| *n > T::default())
+        .ok_or_else(|| format!("{name} must be a positive whole number, not {value:?}"))
+}
 
 fn parse_args() -> Result<Args, String> {
     let mut socket = std::env::var_os("PERAGO_SOCKET").map(PathBuf::from);
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut persistent = match var(MODE_ENV).as_deref() {
+        None | Some("perAttempt") => false,
+        Some("persistent") => true,
+        Some(other) => {
+            return Err(format!(
+                "{MODE_ENV} must be perAttempt or persistent, not {other:?}"
+            ));
+        }
+    };
+    let mut limits = persistent::Limits {
+        max_attempts: var(MAX_ATTEMPTS_ENV)
+            .map(|v| positive(MAX_ATTEMPTS_ENV, &v))
+            .transpose()?,
+        max_memory: var(MAX_MEMORY_ENV)
+            .map(|v| positive(MAX_MEMORY_ENV, &v))
+            .transpose()?,
+    };
     let mut args = std::env::args_os().skip(1);
     let mut command = Vec::new();
     while let Some(arg) = args.next() {
+        let mut value = |flag: &str| {
+            args.next()
+                .map(|v| v.to_string_lossy().into_owned())
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
         match arg.to_str() {
-            Some("--socket") => socket = Some(args.next().ok_or(USAGE)?.into()),
+            Some("--socket") => socket = Some(value("--socket")?.into()),
+            Some("--persistent") => persistent = true,
+            Some("--max-attempts") => {
+                limits.max_attempts = Some(positive("--max-attempts", &value("--max-attempts")?)?);
+            }
+            Some("--max-memory") => {
+                limits.max_memory = Some(positive("--max-memory", &value("--max-memory")?)?);
+            }
             Some("--") => {
                 command = args
                     .by_ref()
@@ -76,13 +125,17 @@ fn parse_args() -> Result<Args, String> {
             .and_then(|exe| exe.parent()?.parent().map(|vol| vol.join(SOCKET_NAME)))
             .ok_or("cannot locate the sidecar socket; pass --socket")?,
     };
-    Ok(Args { socket, command })
+    Ok(Args {
+        socket,
+        command,
+        persistent: persistent.then_some(limits),
+    })
 }
 
 /// Longest a stopping, idle runner waits for the sidecar to close the connection.
 const DRAIN_BACKSTOP: Duration = Duration::from_secs(30);
 
-fn log(message: &str) {
+pub(crate) fn log(message: &str) {
     eprintln!("perago-runner: {message}");
 }
 
@@ -97,16 +150,27 @@ fn send(writer: &Writer, message: &RunnerMessage) -> std::io::Result<()> {
     stream.write_all(&line)
 }
 
-enum Event {
+pub(crate) enum Event {
     Message(SidecarMessage),
     Closed(String),
     Ended(String),
+    /// A persistent body finished the attempt it held.
+    BodyDone {
+        slot: u32,
+        pid: i32,
+        execution_id: String,
+    },
+    /// A persistent body's process ended.
+    BodyExited {
+        slot: u32,
+        pid: i32,
+        status: std::io::Result<std::process::ExitStatus>,
+    },
 }
 
-/// Runs one connection; returns when it ends.
 /// How many processes of this container the kernel's out-of-memory killer has killed, where
 /// the container's cgroup tells: `memory.events` (cgroup v2) or `memory.oom_control` (v1).
-fn oom_kills() -> Option<u64> {
+pub(crate) fn oom_kills() -> Option<u64> {
     [
         "/sys/fs/cgroup/memory.events",
         "/sys/fs/cgroup/memory/memory.oom_control",
@@ -121,6 +185,7 @@ fn oom_kills() -> Option<u64> {
     })
 }
 
+/// Runs one connection; returns when it ends.
 fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::Result<bool> {
     let writer: Writer = Arc::new(Mutex::new(stream.try_clone()?));
     send(
@@ -164,6 +229,9 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
     });
 
     let mut running: HashMap<String, i32> = HashMap::new();
+    let mut bodies = args
+        .persistent
+        .map(|limits| persistent::Bodies::new(args.command.clone(), limits));
     let mut drained_at: Option<Instant> = None;
     loop {
         if terminating.load(Ordering::SeqCst) {
@@ -194,6 +262,9 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                 log(&format!(
                     "connected: generation {generation}, {slots} slot(s), protocol {protocol}"
                 ));
+                if let Some(bodies) = bodies.as_mut() {
+                    bodies.warm(slots, &tx);
+                }
             }
             Event::Message(SidecarMessage::Assign {
                 execution_id,
@@ -208,6 +279,26 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                     field(perago_contract::protocol::env::TASK_ID),
                     field(perago_contract::protocol::env::RETRY_COUNT),
                 ));
+                if let Some(bodies) = bodies.as_mut() {
+                    match bodies.assign(slot, &execution_id, env, &tx) {
+                        Ok(pid) => {
+                            running.insert(execution_id, pid);
+                        }
+                        Err(error) => {
+                            let _ = send(
+                                &writer,
+                                &RunnerMessage::Exited {
+                                    execution_id,
+                                    code: None,
+                                    signal: None,
+                                    error: Some(error),
+                                    oom_killed: false,
+                                },
+                            );
+                        }
+                    }
+                    continue;
+                }
                 let spawned = Command::new(&args.command[0])
                     .args(&args.command[1..])
                     .envs(&env)
@@ -277,6 +368,20 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
             Event::Ended(execution_id) => {
                 running.remove(&execution_id);
             }
+            Event::BodyDone {
+                slot,
+                pid,
+                execution_id,
+            } => {
+                let reply = bodies
+                    .as_mut()
+                    .and_then(|b| b.done(slot, pid, execution_id, &tx));
+                report(&writer, &mut running, reply);
+            }
+            Event::BodyExited { slot, pid, status } => {
+                let reply = bodies.as_mut().and_then(|b| b.exited(slot, pid, status));
+                report(&writer, &mut running, reply);
+            }
             Event::Closed(why) => {
                 if !running.is_empty() {
                     log(&format!(
@@ -292,6 +397,20 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                 return Ok(terminating.load(Ordering::SeqCst));
             }
         }
+    }
+}
+
+/// Send a persistent body's `exited`, and forget its execution.
+fn report(writer: &Writer, running: &mut HashMap<String, i32>, reply: Option<RunnerMessage>) {
+    let Some(message) = reply else { return };
+    if let RunnerMessage::Exited { execution_id, .. } = &message {
+        log(&format!(
+            "execution {execution_id} ended in the persistent body"
+        ));
+        running.remove(execution_id);
+    }
+    if let Err(e) = send(writer, &message) {
+        log(&format!("could not report an execution: {e}"));
     }
 }
 
