@@ -6,6 +6,10 @@
 //! CPU per task is each process tree's user + system time over the run (sidecar, runner and
 //! the bodies; supervisor, broker and executors), divided by the tasks it completed.
 //!
+//! Python Perago's own task module also runs unchanged as the body (`python -m perago_k8s
+//! run`, the repository's `python/` package): one process per slot for many attempts
+//! (persistent bodies), and, on fewer tasks, one process per attempt.
+//!
 //! PERAGO_BENCH_TASKS (default 300) sets the tasks per run, PERAGO_BENCH_RUNS (default 3) the
 //! runs of each stack beside the other, whose spread is printed.
 
@@ -456,6 +460,64 @@ async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun 
     }
 }
 
+/// The Python module above as the body of a pod: `python -m perago_k8s run benchmod:noop`
+/// (the repository's `python/` package), one process per attempt or, `persistent`, one per
+/// slot (runner protocol 2). The pod starts on an empty queue and is measured once it idles,
+/// so persistent bodies' imports are not counted, as Python Perago's start-up is not.
+async fn python_body_run(
+    api: &Arc<ConductorApi>,
+    bins: &PodBinaries,
+    n: usize,
+    slots: u32,
+    persistent: bool,
+) -> PodRun {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("benchmod.py"), PYTHON_MODULE).unwrap();
+    let python = perago_e2e::process::obtain("perago-python").unwrap();
+    let package = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
+    let path = std::env::join_paths([std::path::Path::new(package), dir.path()]).unwrap();
+    let contract = serde_json::to_value(contract::render(&spec(slots)).unwrap()).unwrap();
+    let mut env = vec![
+        ("PERAGO_LOG", "warn,perago_sidecar::runner=info"),
+        ("PERAGO_PYTHON", python.to_str().unwrap()),
+        ("PYTHONPATH", path.to_str().unwrap()),
+    ];
+    if persistent {
+        env.push(("PERAGO_BODY_MODE", "persistent"));
+    }
+    let body = r#"exec "$PERAGO_PYTHON" -m perago_k8s run benchmod:noop"#;
+    let pod = Pod::start(bins, &api.base, &contract, body, &env).await;
+    let tree = ProcessTree::new(pod.pid() as u32);
+    wait_idle(&tree).await;
+    let cpu_before = tree.cpu_seconds();
+    let started = Instant::now();
+    let ids = fill(api, n).await;
+    let runner = runner_pid(&pod);
+    let mut body_peak = 0f64;
+    loop {
+        let (done, failed) = reported(&pod).await;
+        assert_eq!(failed, 0, "attempts failed:\n{}", pod.log());
+        if done >= n {
+            break;
+        }
+        body_peak = body_peak.max(group_rss_mb(runner));
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the run did not finish:\n{}",
+            pod.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = tree.cpu_seconds() - cpu_before;
+    pod.stop().await;
+    PodRun {
+        figures: figures(api, &ids, seconds, cpu).await,
+        sidecar_peak_mb: 0.0,
+        runner_peak_mb: body_peak,
+    }
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
@@ -530,6 +592,10 @@ async fn main() {
     };
     let (mut ones, mut fours, mut py1s, mut py4s) = (vec![], vec![], vec![], vec![]);
     let mut lived = vec![];
+    // A Python body per attempt pays the interpreter and its imports each time (seconds of
+    // CPU): fewer tasks.
+    let cold_n = (n / 8).max(10);
+    let (mut warm1s, mut warm4s, mut colds) = (vec![], vec![], vec![]);
     for run in 1..=runs {
         eprintln!("run {run}/{runs}: sidecar, 1 slot");
         ones.push(sidecar_run(&api, &bins, n, 1).await);
@@ -537,6 +603,12 @@ async fn main() {
         fours.push(sidecar_run(&api, &bins, n, 4).await);
         eprintln!("run {run}/{runs}: sidecar, 4 slots, a long-lived body");
         lived.push(sidecar_run(&api, &long_lived, n, 4).await);
+        eprintln!("run {run}/{runs}: sidecar, a persistent Python body, 1 slot");
+        warm1s.push(python_body_run(&api, &bins, n, 1, true).await);
+        eprintln!("run {run}/{runs}: sidecar, a persistent Python body, 4 slots");
+        warm4s.push(python_body_run(&api, &bins, n, 4, true).await);
+        eprintln!("run {run}/{runs}: sidecar, a Python body per attempt, 4 slots ({cold_n} tasks)");
+        colds.push(python_body_run(&api, &bins, cold_n, 4, false).await);
         eprintln!("run {run}/{runs}: Python Perago, -j 1");
         py1s.push(python_run(&api, n, 1).await);
         eprintln!("run {run}/{runs}: Python Perago, -j 4");
@@ -652,6 +724,61 @@ async fn main() {
             runs.iter().map(|r| r.runner_peak_mb).fold(0.0, f64::max),
         );
     }
+
+    println!(
+        "\nan unchanged Python Perago task function as the body (python -m perago_k8s run), beside Python Perago and the bare loop"
+    );
+    let cold4: Vec<&Figures> = colds.iter().map(|r| &r.figures).collect();
+    println!(
+        "{:<46} {:>6.1} tasks/s, p50 {:>7.1} ms, CPU {:>7.2} ms/task (sidecar + bodies), {cold_n} tasks per run",
+        "a Python process per attempt, 4 slots",
+        median(cold4.iter().map(|f| f.server_rate()).collect()),
+        p50(&cold4),
+        cpu(&cold4),
+    );
+    let mut goals = Vec::new();
+    for (label, warm, theirs, bare) in [
+        ("1 slot / -j 1", &warm1s, &theirs1, &bare1),
+        ("4 slots / -j 4", &warm4s, &theirs4, &bare4),
+    ] {
+        for (run, (ours, theirs)) in warm.iter().map(|r| &r.figures).zip(theirs).enumerate() {
+            let (to_bare, to_python) = (
+                ours.server_rate() / bare.server_rate(),
+                ours.server_rate() / theirs.server_rate(),
+            );
+            let cpu_share = ours.cpu_ms_per_task() / theirs.cpu_ms_per_task();
+            println!(
+                "run {} persistent, {label:<15} {:>6.1} tasks/s, p50 {:>5.1} ms, p99 {:>5.1} ms, CPU {:>5.2} ms/task | ×{to_bare:.2} the bare loop, ×{to_python:.2} Python (p50 {:.1} ms, CPU {:.2} ms/task), CPU {:.0}% of Python's",
+                run + 1,
+                ours.server_rate(),
+                ours.percentile(0.5),
+                ours.percentile(0.99),
+                ours.cpu_ms_per_task(),
+                theirs.percentile(0.5),
+                theirs.cpu_ms_per_task(),
+                100.0 * cpu_share,
+            );
+            goals.push((
+                to_bare,
+                to_python,
+                ours.percentile(0.5) <= theirs.percentile(0.5),
+                cpu_share,
+            ));
+        }
+    }
+    let worst =
+        |f: fn(&(f64, f64, bool, f64)) -> f64| goals.iter().map(f).fold(f64::INFINITY, f64::min);
+    let (worst_bare, worst_python) = (worst(|g| g.0), worst(|g| g.1));
+    let worst_cpu = goals.iter().map(|g| g.3).fold(0.0, f64::max);
+    let p50_ok = goals.iter().all(|g| g.2);
+    println!(
+        "targets for persistent bodies, every run: throughput ≥ 0.95× the bare loop: worst ×{worst_bare:.2} {}; ≥ Python's: worst ×{worst_python:.2} {}; p50 ≤ Python's: {}; CPU per task ≤ 1/3 of Python's: worst {:.0}% {}",
+        verdict(worst_bare >= 0.95),
+        verdict(worst_python >= 1.0),
+        verdict(p50_ok),
+        100.0 * worst_cpu,
+        verdict(worst_cpu * 3.0 <= 1.0),
+    );
     let ours_idle = idle_sidecar + idle_runner;
     let ours_busy = sidecar_peak + fours.iter().map(|r| r.runner_peak_mb).fold(0.0, f64::max);
     let python_busy = py4s.iter().map(|r| r.peak_mb).fold(0.0, f64::max);
