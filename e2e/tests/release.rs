@@ -410,6 +410,39 @@ async fn a_release_is_reproducible_immutable_and_installable_from_the_registry()
         sha256(&first.join(&krew_archive)).as_str()
     );
 
+    // The perago-k8s wheel installs (pip, no dependencies) and says the release's version.
+    let wheel = first.join("python/perago_k8s-1.2.3_rc.1-py3-none-any.whl");
+    let python = perago_e2e::process::obtain("perago-python").unwrap();
+    let installed = dir.path().join("wheel");
+    let pip = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .arg("--target")
+        .arg(&installed)
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    assert!(
+        pip.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pip.stderr)
+    );
+    let version = std::process::Command::new(&python)
+        .args(["-m", "perago_k8s", "--version"])
+        .env("PYTHONPATH", &installed)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("perago-k8s {VERSION}")
+    );
+
     // A different build of a released version is refused, and the registry keeps the first.
     let operator_before = crane(&["digest", &format!("{prefix}/perago-operator:{VERSION}")]);
     let changed = run(&dir.path().join("changed"), Some("1"));
