@@ -463,7 +463,8 @@ async fn python_run(api: &Arc<ConductorApi>, n: usize, slots: u32) -> PythonRun 
 /// The Python module above as the body of a pod: `python -m perago_k8s run benchmod:noop`
 /// (the repository's `python/` package), one process per attempt or, `persistent`, one per
 /// slot (runner protocol 2). The pod starts on an empty queue and is measured once it idles,
-/// so persistent bodies' imports are not counted, as Python Perago's start-up is not.
+/// so persistent bodies' imports are not counted, as Python Perago's start-up is not; the
+/// queue is then filled with the sidecar stopped.
 async fn python_body_run(
     api: &Arc<ConductorApi>,
     bins: &PodBinaries,
@@ -489,9 +490,14 @@ async fn python_body_run(
     let pod = Pod::start(bins, &api.base, &contract, body, &env).await;
     let tree = ProcessTree::new(pod.pid() as u32);
     wait_idle(&tree).await;
-    let cpu_before = tree.cpu_seconds();
-    let started = Instant::now();
+    // The queue is filled while the sidecar is stopped, as for the other stacks: a pod
+    // polling a queue being filled would measure the filling.
+    let sidecar = nix::unistd::Pid::from_raw(pod.pid());
+    nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let ids = fill(api, n).await;
+    let cpu_before = tree.cpu_seconds();
+    nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let started = Instant::now();
     let runner = runner_pid(&pod);
     let mut body_peak = 0f64;
     loop {
@@ -594,7 +600,7 @@ async fn main() {
     let mut lived = vec![];
     // A Python body per attempt pays the interpreter and its imports each time (seconds of
     // CPU): fewer tasks.
-    let cold_n = (n / 8).max(10);
+    let cold_n = (n / 8).max(4);
     let (mut warm1s, mut warm4s, mut colds) = (vec![], vec![], vec![]);
     for run in 1..=runs {
         eprintln!("run {run}/{runs}: sidecar, 1 slot");
