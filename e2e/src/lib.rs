@@ -18,6 +18,7 @@ pub mod pki;
 pub mod pod;
 pub mod process;
 pub mod prometheus;
+pub mod python;
 pub mod registry;
 pub mod services;
 

@@ -174,11 +174,6 @@ fn operator_output(subcommand: &str, manifest: &Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The repository's Python package (`python/`), on the reference Python's path.
-fn python_package_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python")
-}
-
 /// `perago-k8s manifest` turns each reference module into a PeragoTask whose TaskDef and task
 /// contract are those of the hand-written declaration, whose TaskDef the test above holds
 /// against `perago extract`.
@@ -186,7 +181,7 @@ fn python_package_dir() -> PathBuf {
 fn manifests_generated_from_the_modules_declare_the_same_tasks() {
     let python = reference_python();
     let work = tempfile::tempdir().unwrap();
-    let path = std::env::join_paths([python_package_dir(), reference_dir()]).unwrap();
+    let path = perago_e2e::python::path_with(&reference_dir());
     for name in TASKS {
         let generated = work.path().join(format!("{name}.yaml"));
         let out = Command::new(&python)
@@ -241,9 +236,9 @@ fn function_of(module: &Path) -> String {
 fn the_python_package_passes_its_own_tests() {
     let out = Command::new(reference_python())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
-        .env("PYTHONPATH", python_package_dir())
+        .env("PYTHONPATH", perago_e2e::python::package_dir())
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        .current_dir(python_package_dir())
+        .current_dir(perago_e2e::python::package_dir())
         .output()
         .unwrap();
     assert!(

@@ -1054,8 +1054,6 @@ async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
     let services = services().await;
     let api = ConductorApi::new(&services.conductor().api_url);
     let client = lake_client(services);
-    let python = perago_e2e::process::obtain("perago-python").unwrap();
-    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
     let pid = std::process::id();
     let (py_task, rs_task) = (format!("migrate-py-{pid}"), format!("migrate-rs-{pid}"));
 
@@ -1066,27 +1064,7 @@ async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
         MIGRATED_MODULE.replace("TASK_NAME", &rs_task),
     )
     .unwrap();
-    let python_path = std::env::join_paths([package.as_path(), modules.path()]).unwrap();
-    let generated = std::process::Command::new(&python)
-        .args([
-            "-m",
-            "perago_k8s",
-            "manifest",
-            "migrated",
-            "--image",
-            "tasks:1",
-        ])
-        .env("PYTHONPATH", &python_path)
-        .output()
-        .unwrap();
-    assert!(
-        generated.status.success(),
-        "perago-k8s manifest: {}",
-        String::from_utf8_lossy(&generated.stderr)
-    );
-    let yaml = String::from_utf8(generated.stdout).unwrap();
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    perago_api::validate(&spec).unwrap();
+    let spec = perago_e2e::python::manifest(modules.path(), "migrated");
     assert_eq!(
         spec.executor.body.command,
         ["python", "-m", "perago_k8s", "run", "migrated:write"]
@@ -1105,6 +1083,8 @@ async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
     );
     let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
+    let python = perago_e2e::process::obtain("perago-python").unwrap();
+    let python_path = perago_e2e::python::path_with(modules.path());
     let (python, python_path) = (python.to_str().unwrap(), python_path.to_str().unwrap());
     let pod = Pod::start(
         &bins,

@@ -7,9 +7,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
-use perago_api::{contract, manifest, taskdef};
+use perago_api::{contract, taskdef};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
@@ -69,33 +68,14 @@ struct Served {
 
 async fn serve(api: &ConductorApi, task: &str, limits: &[(&str, &str)]) -> Served {
     let python = perago_e2e::process::obtain("perago-python").unwrap();
-    let package = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../python"));
     let modules = tempfile::tempdir().unwrap();
     std::fs::write(
         modules.path().join("doubler.py"),
         MODULE.replace("TASK_NAME", task),
     )
     .unwrap();
-    let python_path = std::env::join_paths([package.as_path(), modules.path()]).unwrap();
-    let generated = std::process::Command::new(&python)
-        .args([
-            "-m",
-            "perago_k8s",
-            "manifest",
-            "doubler",
-            "--image",
-            "tasks:1",
-        ])
-        .env("PYTHONPATH", &python_path)
-        .output()
-        .unwrap();
-    assert!(
-        generated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&generated.stderr)
-    );
-    let yaml = String::from_utf8(generated.stdout).unwrap();
-    let mut spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
+    let python_path = perago_e2e::python::path_with(modules.path());
+    let mut spec = perago_e2e::python::manifest(modules.path(), "doubler");
     spec.executor.slots = 2;
     api.call(
         reqwest::Method::POST,
