@@ -285,16 +285,7 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                             running.insert(execution_id, pid);
                         }
                         Err(error) => {
-                            let _ = send(
-                                &writer,
-                                &RunnerMessage::Exited {
-                                    execution_id,
-                                    code: None,
-                                    signal: None,
-                                    error: Some(error),
-                                    oom_killed: false,
-                                },
-                            );
+                            let _ = send(&writer, &not_started(execution_id, error));
                         }
                     }
                     continue;
@@ -306,16 +297,8 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                     .spawn();
                 match spawned {
                     Err(e) => {
-                        let _ = send(
-                            &writer,
-                            &RunnerMessage::Exited {
-                                execution_id,
-                                code: None,
-                                signal: None,
-                                error: Some(format!("{}: {e}", args.command[0])),
-                                oom_killed: false,
-                            },
-                        );
+                        let error = format!("{}: {e}", args.command[0]);
+                        let _ = send(&writer, &not_started(execution_id, error));
                     }
                     Ok(mut child) => {
                         let pid = i32::try_from(child.id()).unwrap_or(0);
@@ -341,13 +324,10 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                                     oom_killed: status.signal() == Some(9)
                                         && oom_kills() > oom_kills_before,
                                 },
-                                Err(e) => RunnerMessage::Exited {
-                                    execution_id: execution_id.clone(),
-                                    code: None,
-                                    signal: None,
-                                    error: Some(format!("waiting for the process failed: {e}")),
-                                    oom_killed: false,
-                                },
+                                Err(e) => not_started(
+                                    execution_id.clone(),
+                                    format!("waiting for the process failed: {e}"),
+                                ),
                             };
                             if let Err(e) = send(&writer, &message) {
                                 log(&format!("could not report execution {execution_id}: {e}"));
@@ -397,6 +377,17 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                 return Ok(terminating.load(Ordering::SeqCst));
             }
         }
+    }
+}
+
+/// The `exited` of an execution that has no exit status: `error` says why.
+pub(crate) fn not_started(execution_id: String, error: String) -> RunnerMessage {
+    RunnerMessage::Exited {
+        execution_id,
+        code: None,
+        signal: None,
+        error: Some(error),
+        oom_killed: false,
     }
 }
 

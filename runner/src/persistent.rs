@@ -25,7 +25,7 @@ use nix::unistd::Pid;
 use perago_contract::protocol::persistent::{FromBody, PROTOCOL, PROTOCOL_ENV, ToBody};
 use perago_contract::protocol::{MAX_LINE_BYTES, RunnerMessage};
 
-use crate::{Event, log, oom_kills};
+use crate::{Event, log, not_started, oom_kills};
 
 /// When a body process is replaced by a fresh one, besides crashing or being cancelled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -267,13 +267,10 @@ impl Bodies {
                 error: None,
                 oom_killed: status.signal() == Some(9) && oom_kills() > oom_before,
             },
-            Err(e) => RunnerMessage::Exited {
+            Err(e) => not_started(
                 execution_id,
-                code: None,
-                signal: None,
-                error: Some(format!("waiting for the persistent body failed: {e}")),
-                oom_killed: false,
-            },
+                format!("waiting for the persistent body failed: {e}"),
+            ),
         })
     }
 }

@@ -498,15 +498,12 @@ async fn python_body_run(
     let cpu_before = tree.cpu_seconds();
     nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGCONT).unwrap();
     let started = Instant::now();
-    let runner = runner_pid(&pod);
-    let mut body_peak = 0f64;
     loop {
         let (done, failed) = reported(&pod).await;
         assert_eq!(failed, 0, "attempts failed:\n{}", pod.log());
         if done >= n {
             break;
         }
-        body_peak = body_peak.max(group_rss_mb(runner));
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "the run did not finish:\n{}",
@@ -519,8 +516,9 @@ async fn python_body_run(
     pod.stop().await;
     PodRun {
         figures: figures(api, &ids, seconds, cpu).await,
+        // Not reported for these runs.
         sidecar_peak_mb: 0.0,
-        runner_peak_mb: body_peak,
+        runner_peak_mb: 0.0,
     }
 }
 
