@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench bench-quick lint crds check-crds manifests chart-readme docs release-binaries release check-images obtain prerequisites services-up services-down clean
+.PHONY: build demo test bench bench-quick bench-quick-servers bench-quick-node lint crds check-crds manifests chart-readme docs release-binaries release check-images obtain prerequisites services-up services-down clean
 
 ## Check, and install when missing (Debian packages as root, the musl target), what the
 ## targets below need; silent and well under a second when everything is present.
@@ -35,9 +35,14 @@ bench: obtain release-binaries
 
 ## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
 ## once against the real servers; the figures mean nothing. `--workspace` resolves features
-## as `make test` does, so only the benchmarks themselves compile after it.
-bench-quick: obtain release-binaries
+## as `make test` does, so only the benchmarks themselves compile after it. The servers' half
+## needs no node, so CI runs it beside the node's tests (.ci/run).
+bench-quick: bench-quick-servers bench-quick-node
+
+bench-quick-servers: obtain release-binaries
 	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace
+
+bench-quick-node: obtain release-binaries
 	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev --workspace --bench scaling --bench operator
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
