@@ -191,6 +191,23 @@ pub struct Containerd {
 }
 
 impl Containerd {
+    /// Import OCI archives (`e2e/bin/images`) as the images they name, the way a node is
+    /// side-loaded, and check containerd lists each.
+    pub fn import(&self, images: &[(String, PathBuf)]) -> Result<()> {
+        for (reference, archive) in images {
+            let archive = archive.to_string_lossy();
+            ctr(&self.socket, &["images", "import", "--no-unpack", &archive])
+                .with_context(|| format!("importing {reference} from {archive}"))?;
+        }
+        let listed = ctr(&self.socket, &["images", "ls", "-q"])?;
+        for (reference, _) in images {
+            if !listed.lines().any(|l| l == reference) {
+                bail!("containerd does not list {reference} after its import; it lists:\n{listed}");
+            }
+        }
+        Ok(())
+    }
+
     pub async fn start(dir: &Path, images: &[(String, PathBuf)], registry: &str) -> Result<Self> {
         let home = dir.join("containerd");
         // The registry's hosts.toml: containerd reaches it over plain HTTP, as it would a
@@ -284,26 +301,17 @@ state = "{home}/state"
         })
         .await?;
         let started = Instant::now();
-        for (reference, archive) in images {
-            let archive = archive.to_string_lossy();
-            ctr(&socket, &["images", "import", "--no-unpack", &archive])
-                .with_context(|| format!("importing {reference} from {archive}"))?;
-        }
-        let listed = ctr(&socket, &["images", "ls", "-q"])?;
-        for (reference, _) in images {
-            if !listed.lines().any(|l| l == reference) {
-                bail!("containerd does not list {reference} after its import; it lists:\n{listed}");
-            }
-        }
+        let containerd = Self {
+            socket,
+            _process: process,
+        };
+        containerd.import(images)?;
         eprintln!(
             "[e2e] containerd ready, {} images imported in {:.1?}",
             images.len(),
             started.elapsed()
         );
-        Ok(Self {
-            socket,
-            _process: process,
-        })
+        Ok(containerd)
     }
 }
 
@@ -328,10 +336,29 @@ pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
 
 /// Assemble the test images (`e2e/bin/images`: the pod sandbox and the task bodies).
 pub fn build_images(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    images(dir, "e2e", &[])
+}
+
+/// The body image of this machine's Python, with the reference Python's packages (Python
+/// Perago and its dependencies) and perago-k8s, built into `dir`: its reference and archive.
+pub fn build_python_body_image(dir: &Path) -> Result<(String, PathBuf)> {
+    let python = crate::process::obtain("perago-python")?;
+    let venv = python
+        .parent()
+        .and_then(Path::parent)
+        .context("the reference Python is not in a venv's bin/")?;
+    images(dir, "python", &[("PYTHON_VENV", venv)])?
+        .pop()
+        .context("e2e/bin/images made no body-python image")
+}
+
+/// `e2e/bin/images` with `IMAGE_SET=set` into `dir/images`: each image's reference and archive.
+fn images(dir: &Path, set: &str, env: &[(&str, &Path)]) -> Result<Vec<(String, PathBuf)>> {
     let out = dir.join("images");
     let started = Instant::now();
     let output = Command::new(bin_dir().join("images"))
-        .env("IMAGE_SET", "e2e")
+        .env("IMAGE_SET", set)
+        .envs(env.iter().copied())
         .arg(dir)
         .arg(&out)
         .stderr(Stdio::inherit())

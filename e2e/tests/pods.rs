@@ -2211,3 +2211,276 @@ spec:
     let _ = cluster.kubectl(&["delete", "persistentvolume", &volume, "--wait=false"]);
     let _ = cluster.kubectl(&["delete", "storageclass", class]);
 }
+
+/// A Python Perago task module, unchanged, as a user moves it: `perago-k8s manifest` writes its
+/// PeragoTask; the body image holds Python, Python Perago and perago-k8s; the module reaches
+/// the body from a ConfigMap.
+const PYTHON_MODULE: &str = r#"
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from perago import WorkspaceSpec, task
+
+
+class Params(BaseModel):
+    n: int
+
+
+class Result(BaseModel):
+    files: int
+    pid: int
+
+
+@task(name="pods-python.split", owner_email="e2e@example.com", description="", workspace=WorkspaceSpec(prefix="/data"))
+def split(workspace: Path, params: Params) -> Result:
+    source = (workspace / "in.txt").read_text()
+    out = workspace / "out"
+    out.mkdir(exist_ok=True)
+    for i in range(params.n):
+        (out / f"part-{i}.txt").write_text(f"row {i} of {source}\n")
+    return Result(files=params.n, pid=os.getpid())
+"#;
+
+#[tokio::test]
+async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node() {
+    let Some((services, cluster)) =
+        cluster("a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-python", "split");
+    let started = std::time::Instant::now();
+    let (image, archive) =
+        perago_e2e::node::build_python_body_image(&services.dir().join("python-body")).unwrap();
+    services
+        .node()
+        .containerd
+        .import(&[(image.clone(), archive)])
+        .unwrap();
+    eprintln!(
+        "Python body image built and imported in {:.1?}",
+        started.elapsed()
+    );
+
+    let modules = tempfile::tempdir().unwrap();
+    std::fs::write(modules.path().join("splitter.py"), PYTHON_MODULE).unwrap();
+    let spec = perago_e2e::python::manifest(modules.path(), "splitter");
+    assert_eq!(spec.task_name, format!("{namespace}.{name}"));
+    let mut spec = serde_json::to_value(&spec).unwrap();
+    merge(
+        &mut spec,
+        &json!({"executor": {
+            "slots": 1,
+            "body": {
+                "image": image,
+                "mode": "persistent",
+                "env": [{"name": "PYTHONPATH", "value": "/modules"}],
+            },
+            "podTemplate": {
+                "volumes": [{"name": "modules", "configMap": {"name": "python-modules"}}],
+                "volumeMounts": [{"name": "modules", "mountPath": "/modules", "readOnly": true}],
+            },
+        }}),
+    );
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(
+            &json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "python-modules", "namespace": namespace},
+                "data": {"splitter.py": PYTHON_MODULE},
+            })
+            .to_string(),
+        )
+        .unwrap();
+    cluster
+        .apply(
+            &json!({
+                "apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            })
+            .to_string(),
+        )
+        .unwrap();
+    let client = services.kube().client().await.unwrap();
+    if let Err(e) = cluster.wait_ready(namespace, name) {
+        let pod = task_pod(&client, namespace, name).await;
+        let describe = cluster
+            .kubectl(&[
+                "describe",
+                "pod",
+                "-n",
+                namespace,
+                &pod.metadata.name.unwrap(),
+            ])
+            .unwrap_or_default();
+        panic!("{e:#}\n{describe}");
+    }
+
+    let (lake, repository, input_ref) = seeded(services, "pods-python").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let mut pids = Vec::new();
+    // The second run starts from the first one's commit: its step fences on the branch's head.
+    let mut input_ref = input_ref;
+    for n in [2, 3] {
+        let workflow = start_step(
+            &conductor,
+            namespace,
+            name,
+            &format!("python-{n}"),
+            &repository,
+            &input_ref,
+            n,
+        )
+        .await;
+        let finished = conductor.finished(&workflow).await;
+        let step = &finished["tasks"][0];
+        if step["status"] != "COMPLETED" {
+            let pod = task_pod(&client, namespace, name)
+                .await
+                .metadata
+                .name
+                .unwrap();
+            let logs = cluster
+                .kubectl(&["logs", "-n", namespace, &pod, "--all-containers"])
+                .unwrap_or_else(|e| format!("{e:#}"));
+            panic!("{step}\n{logs}");
+        }
+        let result = &step["outputData"]["result"];
+        assert_eq!(result["files"], n, "{step}");
+        pids.push(result["pid"].as_i64().unwrap());
+        let head = step["outputData"]["workspace"]["ref"].as_str().unwrap();
+        for i in 0..n {
+            assert_eq!(
+                lake.object(&repository, head, &format!("data/out/part-{i}.txt"))
+                    .await
+                    .unwrap(),
+                format!("row {i} of seed\n")
+            );
+        }
+        assert!(
+            lake.object(&repository, head, &format!("data/out/part-{n}.txt"))
+                .await
+                .is_err(),
+            "no part beyond the runs' n"
+        );
+        input_ref = head.to_owned();
+    }
+    assert_eq!(
+        pids[0], pids[1],
+        "one slot's persistent body ran both attempts"
+    );
+}
+
+/// What a body can read, printed to its log: its environment, every process it can see (with
+/// its command line and environment), the files of the work volume and of /etc/perago, and
+/// whether a ServiceAccount token is mounted. The section markers are printed with `printf`,
+/// so that the script's own command line, which the report holds, does not contain them.
+const SNOOPING_BODY: &str = r#"
+printf "== %s\n" environment
+env
+printf "== %s\n" processes
+for p in /proc/[0-9]*; do
+  echo "-- $p: $(cat "$p/cmdline" 2>/dev/null)"
+  cat "$p/environ" 2>/dev/null
+  echo
+done
+dump() {
+  for f in "$1"/* "$1"/.[!.]*; do
+    if [ "$f" = /perago-work/bin/perago-runner ]; then
+      echo "-- $f (the runner)"
+    elif [ -L "$f" ]; then
+      echo "-- $f (link)"
+    elif [ -d "$f" ]; then
+      dump "$f"
+    elif [ -f "$f" ]; then
+      echo "-- $f"
+      head -c 65536 "$f" 2>&1
+      echo
+    elif [ -e "$f" ]; then
+      echo "-- $f (not a file)"
+    fi
+  done
+}
+printf "== %s\n" files
+dump /perago-work
+dump /etc/perago
+dump /var/run/secrets
+printf "== %s\n" end
+printf '{"files": 0}' > "$PERAGO_RESULT"
+"#;
+
+/// The threat model's promise (docs/threat-model.md): the body container cannot read the
+/// lakeFS credentials the sidecar holds: not in its environment, not through the processes it
+/// can see, not in the shared work volume, and it has no ServiceAccount token.
+#[tokio::test]
+async fn the_body_cannot_read_the_sidecars_credentials() {
+    let Some((services, cluster)) = cluster("the_body_cannot_read_the_sidecars_credentials").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-snoop", "snoop");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task(namespace, name, SNOOPING_BODY))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (_lake, repository, input_ref) = seeded(services, "pods-snoop").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "snoop",
+        &repository,
+        &input_ref,
+        0,
+    )
+    .await;
+    let finished = conductor.finished(&workflow).await;
+    assert_eq!(finished["tasks"][0]["status"], "COMPLETED", "{finished}");
+    let client = services.kube().client().await.unwrap();
+    let pod = task_pod(&client, namespace, name)
+        .await
+        .metadata
+        .name
+        .unwrap();
+    let log = cluster
+        .kubectl(&["logs", "-n", namespace, &pod, "-c", "body"])
+        .unwrap();
+    let seen = log
+        .split_once("== environment")
+        .and_then(|(_, rest)| rest.split_once("== end"))
+        .map(|(seen, _)| seen)
+        .unwrap_or_else(|| panic!("the body's report is incomplete:\n{log}"));
+    // The report works: the body sees its own environment, its own processes and the attempt's
+    // files in the work volume.
+    for own in [
+        "PERAGO_WORKSPACE=",
+        "perago-runner",
+        "/perago-work/",
+        "in.txt",
+    ] {
+        assert!(seen.contains(own), "the report lacks {own:?}:\n{seen}");
+    }
+    // And none of it is the sidecar's: not its credentials, not its process.
+    let secret = perago_e2e::services::LAKEFS_SECRET_ACCESS_KEY;
+    for hidden in [secret, "LAKECTL_CREDENTIALS", "serviceaccount/token"] {
+        assert!(
+            !seen.contains(hidden),
+            "the body can read {hidden:?}:\n{seen}"
+        );
+    }
+    let processes = seen
+        .split_once("== processes")
+        .and_then(|(_, rest)| rest.split_once("== files"))
+        .unwrap()
+        .0;
+    assert!(
+        !processes.contains("perago-sidecar"),
+        "the body sees the sidecar's process:\n{processes}"
+    );
+}
