@@ -2214,7 +2214,7 @@ spec:
 
 /// A Python Perago task module, unchanged, as a user moves it: `perago-k8s manifest` writes its
 /// PeragoTask; the body image holds Python, Python Perago and perago-k8s; the module reaches
-/// the body from a ConfigMap.
+/// the body from a ConfigMap. Python Perago's own worker runs it first, for comparison.
 const PYTHON_MODULE: &str = r#"
 import os
 from pathlib import Path
@@ -2268,6 +2268,44 @@ async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node(
     std::fs::write(modules.path().join("splitter.py"), PYTHON_MODULE).unwrap();
     let spec = perago_e2e::python::manifest(modules.path(), "splitter");
     assert_eq!(spec.task_name, format!("{namespace}.{name}"));
+
+    // First Python Perago's own worker on this host, against the same Conductor and lakeFS
+    // (`perago start` needs the TaskDef registered; the operator's is the same, byte for byte).
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    conductor
+        .call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([perago_api::taskdef::render(&spec).unwrap()])),
+        )
+        .await;
+    let (lake, python_repository, python_input) = seeded(services, "pods-python-worker").await;
+    let by_python = {
+        let worker = perago_e2e::python::Worker::start(
+            services,
+            "splitter",
+            PYTHON_MODULE,
+            &services.conductor().api_url,
+            &[],
+        )
+        .unwrap();
+        let workflow = start_step(
+            &conductor,
+            namespace,
+            name,
+            "python-worker",
+            &python_repository,
+            &python_input,
+            2,
+        )
+        .await;
+        let finished = conductor.finished(&workflow).await;
+        let step = finished["tasks"][0].clone();
+        assert_eq!(step["status"], "COMPLETED", "{step}\n{}", worker.log());
+        step
+        // The worker stops here, before the PeragoTask's pod polls the same task type.
+    };
+
     let mut spec = serde_json::to_value(&spec).unwrap();
     merge(
         &mut spec,
@@ -2320,9 +2358,8 @@ async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node(
         panic!("{e:#}\n{describe}");
     }
 
-    let (lake, repository, input_ref) = seeded(services, "pods-python").await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let mut pids = Vec::new();
+    let (_, repository, input_ref) = seeded(services, "pods-python").await;
+    let mut steps = Vec::new();
     // The second run starts from the first one's commit: its step fences on the branch's head.
     let mut input_ref = input_ref;
     for n in [2, 3] {
@@ -2351,7 +2388,6 @@ async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node(
         }
         let result = &step["outputData"]["result"];
         assert_eq!(result["files"], n, "{step}");
-        pids.push(result["pid"].as_i64().unwrap());
         let head = step["outputData"]["workspace"]["ref"].as_str().unwrap();
         for i in 0..n {
             assert_eq!(
@@ -2368,9 +2404,43 @@ async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node(
             "no part beyond the runs' n"
         );
         input_ref = head.to_owned();
+        steps.push(step.clone());
     }
+    // The same module from the same input: the same result and the same files on the branch
+    // as Python Perago's worker made.
+    let result =
+        |step: &serde_json::Value, field: &str| step["outputData"]["result"][field].clone();
+    let head = |step: &serde_json::Value| {
+        step["outputData"]["workspace"]["ref"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
     assert_eq!(
-        pids[0], pids[1],
+        result(&steps[0], "files"),
+        result(&by_python, "files"),
+        "{by_python}"
+    );
+    let (python_head, k8s_head) = (head(&by_python), head(&steps[0]));
+    let python_tree = lake.tree(&python_repository, &python_head).await.unwrap();
+    assert_eq!(
+        python_tree,
+        lake.tree(&repository, &k8s_head).await.unwrap(),
+        "the branches after Python Perago's worker and after the PeragoTask"
+    );
+    for key in python_tree.keys() {
+        assert_eq!(
+            lake.object(&python_repository, &python_head, key)
+                .await
+                .unwrap(),
+            lake.object(&repository, &k8s_head, key).await.unwrap(),
+            "{key}"
+        );
+    }
+    assert!(result(&steps[0], "pid").is_i64(), "{}", steps[0]);
+    assert_eq!(
+        result(&steps[0], "pid"),
+        result(&steps[1], "pid"),
         "one slot's persistent body ran both attempts"
     );
 }

@@ -19,12 +19,13 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use perago_api::{PeragoTaskSpec, contract, manifest, taskdef};
 use perago_e2e::faults::{Fault, FaultProxy};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
+use perago_e2e::python::Worker;
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, Services, shared};
 use perago_lakefs::{Commit, LakeFsClient};
@@ -128,107 +129,18 @@ def write(workspace: Path, params: Params) -> Result:
     return Result(files=len(files))
 "#;
 
-/// `perago start` of Python Perago 0.6.1 (`-j 2`, process mode) under the harness's watchdog,
-/// in a process group of its own; dropping it kills the whole group at once.
-struct PythonWorker {
-    child: tokio::process::Child,
-    dir: tempfile::TempDir,
-}
-
-impl PythonWorker {
-    fn start(services: &Services, task: &str, conductor_url: &str, state: &Path) -> Self {
-        let source = PYTHON_MODULE.replace("TASK_NAME", task);
-        let state = state.to_str().unwrap();
-        Self::serve(
-            services,
-            "mixedmod",
-            &source,
-            conductor_url,
-            &[("MIXED_STATE", state)],
-        )
-    }
-
-    /// `perago start MODULE -j 2` for `source` written as `MODULE.py` in a directory of its own.
-    fn serve(
-        services: &Services,
-        module: &str,
-        source: &str,
-        conductor_url: &str,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let python = perago_e2e::process::obtain("perago-python").unwrap();
-        let dir = tempfile::Builder::new()
-            .prefix("perago-python-")
-            .tempdir()
-            .unwrap();
-        std::fs::write(dir.path().join(format!("{module}.py")), source).unwrap();
-        let out = std::fs::File::create(dir.path().join("out.log")).unwrap();
-        let child = tokio::process::Command::new(perago_e2e::process::bin_dir().join("watchdog"))
-            .arg(std::process::id().to_string())
-            .arg("--")
-            .arg(python)
-            .args([
-                "-c",
-                "from perago.cli import app; app()",
-                "start",
-                module,
-                "-j",
-                "2",
-            ])
-            .env("PYTHONPATH", dir.path())
-            .env("CONDUCTOR_SERVER_URL", conductor_url)
-            .env("LAKECTL_SERVER_ENDPOINT_URL", &services.lakefs().endpoint)
-            .env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID)
-            .env(
-                "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-                LAKEFS_SECRET_ACCESS_KEY,
-            )
-            .env("PERAGO_WORKSPACE_ROOT", dir.path().join("workspaces"))
-            .env("PERAGO_LOG_ROOT", dir.path().join("logs"))
-            .envs(env.iter().copied())
-            .process_group(0)
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Self { child, dir }
-    }
-
-    /// Its output and its log files, for failure messages.
-    fn log(&self) -> String {
-        fn walk(dir: &Path, out: &mut String) {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return;
-            };
-            let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-            paths.sort();
-            for path in paths {
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().is_some_and(|e| e == "log" || e == "jsonl") {
-                    out.push_str(&format!("--- {}\n", path.display()));
-                    out.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
-                }
-            }
-        }
-        let mut out = String::new();
-        walk(self.dir.path(), &mut out);
-        let cut = out.len().saturating_sub(30_000);
-        let cut = (cut..out.len())
-            .find(|i| out.is_char_boundary(*i))
-            .unwrap_or(0);
-        out[cut..].to_owned()
-    }
-}
-
-impl Drop for PythonWorker {
-    fn drop(&mut self) {
-        if let Some(pid) = self.child.id() {
-            let group = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
-            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
+/// Python Perago's worker serving `PYTHON_MODULE` as `task`, counting attempts in `state`.
+fn python_worker(services: &Services, task: &str, conductor_url: &str, state: &Path) -> Worker {
+    let source = PYTHON_MODULE.replace("TASK_NAME", task);
+    let state = state.to_str().unwrap();
+    Worker::start(
+        services,
+        "mixedmod",
+        &source,
+        conductor_url,
+        &[("MIXED_STATE", state)],
+    )
+    .unwrap()
 }
 
 fn lake_client(services: &Services) -> LakeFsClient {
@@ -489,7 +401,7 @@ async fn a_workspace_passes_between_python_perago_and_this_sidecar_in_both_order
     register(&api, &spec(py, 0)).await;
     register(&api, &our_spec).await;
     let state = tempfile::tempdir().unwrap();
-    let python = PythonWorker::start(services, py, &services.conductor().api_url, state.path());
+    let python = python_worker(services, py, &services.conductor().api_url, state.path());
     let pod = our_pod(&api, &our_spec, &[]).await;
     let diag = || format!("python:\n{}\npod:\n{}", python.log(), pod.log());
 
@@ -614,7 +526,7 @@ async fn a_workspace_passes_between_python_perago_and_this_sidecar_in_both_order
 async fn python_report_held(
     proxy: &FaultProxy,
     hold: &str,
-    python: &PythonWorker,
+    python: &Worker,
     client: &LakeFsClient,
     repo: &str,
 ) -> String {
@@ -673,7 +585,7 @@ async fn python_then_ours_each_retried_after_its_publication() {
         Some(1),
     );
     let state = tempfile::tempdir().unwrap();
-    let python = PythonWorker::start(services, py, &proxy.url, state.path());
+    let python = python_worker(services, py, &proxy.url, state.path());
     let mut crashing = our_pod(&api, &our_spec, &[("PERAGO_FAULT", "exit-after-merge")]).await;
     let (repo, a0) = repository("mixed-retry-py-first").await;
     let name = "mixed.retry1.wf";
@@ -692,7 +604,7 @@ async fn python_then_ours_each_retried_after_its_publication() {
 
     // A fresh Python worker takes the retry: main is one commit past its input, so Python
     // hard-resets main onto its staging commit. Then our crashing pod merges and dies.
-    let python = PythonWorker::start(services, py, &proxy.url, state.path());
+    let python = python_worker(services, py, &proxy.url, state.path());
     crashed(&mut crashing).await;
     let wf = api.workflow(&id).await;
     let p = attempts(&wf, "python");
@@ -778,7 +690,7 @@ async fn ours_then_python_each_retried_after_its_publication() {
         Some(1),
     );
     let state = tempfile::tempdir().unwrap();
-    let python = PythonWorker::start(services, py, &proxy.url, state.path());
+    let python = python_worker(services, py, &proxy.url, state.path());
     let mut crashing = our_pod(&api, &our_spec, &[("PERAGO_FAULT", "exit-after-merge")]).await;
     let (repo, a0) = repository("mixed-retry-ours-first").await;
     let name = "mixed.retry2.wf";
@@ -810,7 +722,7 @@ async fn ours_then_python_each_retried_after_its_publication() {
     assert_eq!(p[0]["inputData"]["workspace"], workspace(&repo, &c2));
     fail_attempt(&api, &id, p[0]["taskId"].as_str().unwrap()).await;
 
-    let python = PythonWorker::start(services, py, &proxy.url, state.path());
+    let python = python_worker(services, py, &proxy.url, state.path());
     let wf = wait_until(
         &api,
         &id,
@@ -908,7 +820,7 @@ async fn each_fence_on_the_other_sides_commits() {
     register(&api, &spec(py, 0)).await;
     register(&api, &our_spec).await;
     let state = tempfile::tempdir().unwrap();
-    let python = PythonWorker::start(services, py, &services.conductor().api_url, state.path());
+    let python = python_worker(services, py, &services.conductor().api_url, state.path());
     let pod = our_pod(&api, &our_spec, &[]).await;
     let (repo, a0) = repository("mixed-fence").await;
 
@@ -1074,13 +986,14 @@ async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
     py_spec.task_name = py_task.clone();
     register(&api, &py_spec).await;
 
-    let python_worker = PythonWorker::serve(
+    let python_worker = Worker::start(
         services,
         "migrated",
         &MIGRATED_MODULE.replace("TASK_NAME", &py_task),
         &services.conductor().api_url,
         &[],
-    );
+    )
+    .unwrap();
     let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let python = perago_e2e::process::obtain("perago-python").unwrap();
