@@ -249,7 +249,7 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     let tree = ProcessTree::new(pod.pid() as u32);
     let cpu_before = tree.cpu_seconds();
     let (sidecar, runner) = (pod.pid() as u32, runner_pid(&pod));
-    let profile = profiler(&[sidecar, runner], slots);
+    let profile = profiler("sidecar", &[sidecar, runner], slots);
     let (mut sidecar_peak, mut runner_peak) = (0f64, 0f64);
     loop {
         let (done, failed) = reported(&pod).await;
@@ -282,17 +282,21 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
     }
 }
 
-/// With PERAGO_BENCH_PERF=<dir>, the first 4-slot run is recorded by `perf record` (call graphs
-/// from DWARF, so the `profiling` build's line tables are enough) into <dir>/sidecar.perf.data:
-/// `cargo bench --profile profiling -p perago-sidecar --bench runtime`, then `perf report -i`.
-fn profiler(pids: &[u32], slots: u32) -> Option<tokio::process::Child> {
+/// With PERAGO_BENCH_PERF=<dir>, the first 4-slot run of one stack is recorded by `perf record`
+/// (call graphs from DWARF, so the `profiling` build's line tables are enough) into
+/// <dir>/<stack>.perf.data: the sidecar with a fresh `sh` per attempt (`sidecar`, the default)
+/// or with persistent Python bodies (`persistent`, sidecar, runner and bodies), as
+/// PERAGO_BENCH_PERF_STACK says. `cargo bench --profile profiling -p perago-sidecar --bench
+/// runtime`, then `perf report -i`.
+fn profiler(stack: &str, pids: &[u32], slots: u32) -> Option<tokio::process::Child> {
     static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let dir = std::env::var_os("PERAGO_BENCH_PERF")?;
-    if slots != 4 || TAKEN.swap(true, Ordering::SeqCst) {
+    let wanted = std::env::var("PERAGO_BENCH_PERF_STACK").unwrap_or_else(|_| "sidecar".into());
+    if slots != 4 || stack != wanted || TAKEN.swap(true, Ordering::SeqCst) {
         return None;
     }
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let out = std::path::Path::new(&dir).join("sidecar.perf.data");
+    let out = std::path::Path::new(&dir).join(format!("{stack}.perf.data"));
     let child = tokio::process::Command::new("perf")
         .args(["record", "-F", "999", "--call-graph", "dwarf", "-p"])
         .arg(pids.join(","))
@@ -496,6 +500,9 @@ async fn python_body_run(
     nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let ids = fill(api, n).await;
     let cpu_before = tree.cpu_seconds();
+    let profile = persistent
+        .then(|| profiler("persistent", &tree.members(), slots))
+        .flatten();
     nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGCONT).unwrap();
     let started = Instant::now();
     loop {
@@ -513,6 +520,10 @@ async fn python_body_run(
     }
     let seconds = started.elapsed().as_secs_f64();
     let cpu = tree.cpu_seconds() - cpu_before;
+    if let Some(perf) = profile {
+        signal_group(perf.id().unwrap(), nix::sys::signal::Signal::SIGINT);
+        let _ = perf.wait_with_output().await;
+    }
     pod.stop().await;
     PodRun {
         figures: figures(api, &ids, seconds, cpu).await,
