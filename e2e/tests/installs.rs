@@ -239,8 +239,29 @@ async fn an_upgrade_applies_the_new_crd_first_and_helm_test_passes_after_it() {
     // Leave the cluster as found: the tasks go while their operator runs (finalizers), then
     // the release.
     delete_tasks(&cluster, NAMESPACE);
+    uninstall(&cluster, RELEASE, OPERATOR_NAMESPACE);
+}
+
+/// `helm uninstall --wait`, then wait until the operator's pods are gone too: Helm waits for
+/// the Deployment, not for its pods, and a terminating cluster-wide operator keeps its open
+/// watches after its RBAC is removed. The next test's tasks would otherwise be reconciled by
+/// it (their TaskDef registered, but its event refused) before their own operator sees them.
+fn uninstall(cluster: &Cluster, release: &str, namespace: &str) {
     cluster
-        .helm(&["uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait"])
+        .helm(&["uninstall", release, "-n", namespace, "--wait"])
+        .unwrap();
+    cluster
+        .kubectl(&[
+            "wait",
+            "--for=delete",
+            "pod",
+            "-n",
+            namespace,
+            "-l",
+            // The Deployment's pods, not `helm test`'s (kept until its next run).
+            "app.kubernetes.io/name=perago-operator,pod-template-hash",
+            "--timeout=120s",
+        ])
         .unwrap();
 }
 
@@ -430,8 +451,6 @@ async fn two_namespaced_releases_each_manage_only_their_own_namespace() {
 
     for (team, tasks) in teams {
         delete_tasks(&cluster, tasks);
-        cluster
-            .helm(&["uninstall", team, "-n", team, "--wait"])
-            .unwrap();
+        uninstall(&cluster, team, team);
     }
 }
