@@ -682,6 +682,41 @@ pub struct LakeFsConnection {
     pub credentials_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSettings>,
+    /// How object bytes travel between executor pods and the object store. Default `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_path: Option<DataPath>,
+    /// The object store hosts that URLs presigned by lakeFS may point at: `host`,
+    /// `host:port`, `*.suffix` or `*.suffix:port`. A URL on any other host is never followed.
+    /// Empty: the operator's default (`lakefs.objectStoreHosts` of its chart).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 261), pattern(r"^((\*\.)?[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?$")))]
+    pub object_store_hosts: Vec<String>,
+}
+
+/// How object bytes travel between executor pods and the object store.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DataPath {
+    /// Straight to the object store through URLs lakeFS presigns, when lakeFS can presign
+    /// and object store hosts are given; through the lakeFS server otherwise.
+    #[default]
+    Auto,
+    /// Always through presigned URLs: an executor pod whose lakeFS cannot presign, or that
+    /// has no object store hosts, does not start, and the task's Ready condition says why.
+    Presigned,
+    /// Every byte through the lakeFS server.
+    Proxied,
+}
+
+impl DataPath {
+    /// The sidecar's `PERAGO_LAKEFS_DATA_PATH`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Presigned => "presigned",
+            Self::Proxied => "proxied",
+        }
+    }
 }
 
 /// Whether deleting the PeragoTask also deletes its Conductor TaskDef.

@@ -11,13 +11,25 @@ use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 /// The few lakeFS calls a user makes, with the harness's admin key.
 pub struct Lake {
     endpoint: String,
+    /// What a repository's storage namespace starts with.
+    namespaces: String,
     http: reqwest::Client,
 }
 
 impl Lake {
+    /// The harness's lakeFS, on whichever storage it runs.
+    pub fn of(lakefs: &crate::services::LakeFs) -> Self {
+        Self {
+            namespaces: lakefs.namespace(""),
+            ..Self::new(&lakefs.endpoint)
+        }
+    }
+
+    /// A lakeFS at `endpoint` on the embedded storage.
     pub fn new(endpoint: &str) -> Self {
         Self {
             endpoint: format!("{endpoint}/api/v1"),
+            namespaces: "local://".to_owned(),
             // The tests' own driver: what is under test verifies certificates; this one also
             // seeds and reads the lakeFS that serves a private authority's certificate.
             http: reqwest::Client::builder()
@@ -64,7 +76,7 @@ impl Lake {
     pub async fn seed(&self, repository: &str, files: &[(&str, &str)]) -> Result<String> {
         self.post(
             "/repositories",
-            json!({"name": repository, "storage_namespace": format!("local://{repository}"),
+            json!({"name": repository, "storage_namespace": format!("{}{repository}", self.namespaces),
                    "default_branch": "main"}),
         )
         .await?;

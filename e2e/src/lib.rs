@@ -21,6 +21,7 @@ pub mod prometheus;
 pub mod python;
 pub mod registry;
 pub mod services;
+pub mod storage;
 
 pub use services::{Selection, Services};
 

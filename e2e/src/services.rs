@@ -14,6 +14,9 @@ use crate::node::{
 use crate::pki::{Pair, Usage};
 use crate::process::{ServerProcess, free_port, obtain, wait_ready};
 use crate::registry::{Registry, chart_version};
+use crate::storage::{
+    BUCKET, ObjectStore, Postgres, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, Storage,
+};
 
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -43,7 +46,7 @@ pub struct Conductor {
 
 /// The Java runtime for Conductor 3.32 (Java 21 bytecode): `PERAGO_JAVA`, else a JDK 21+
 /// under /usr/lib/jvm.
-fn java() -> Result<PathBuf> {
+pub(crate) fn java() -> Result<PathBuf> {
     if let Some(java) = std::env::var_os("PERAGO_JAVA") {
         return Ok(java.into());
     }
@@ -289,10 +292,16 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
         .with_context(|| format!("renaming {} to {}", partial.display(), archive.display()))
 }
 
-/// A running lakeFS server with an admin user.
+/// A running lakeFS server with an admin user, on the embedded storage or on PostgreSQL and
+/// an S3 server ([`crate::storage`]).
 pub struct LakeFs {
     pub endpoint: String,
+    pub storage: Storage,
+    /// The S3 server, on [`Storage::PostgresS3`].
+    pub object_store: Option<ObjectStore>,
+    // Dropped in this order: lakeFS stops before its stores.
     _process: ServerProcess,
+    _postgres: Option<Postgres>,
 }
 
 impl LakeFs {
@@ -303,19 +312,50 @@ impl LakeFs {
     /// A lakeFS with its files in `dir`, serving HTTPS with `tls` (a certificate and its key,
     /// PEM) when given.
     pub async fn start_serving(dir: &Path, host: IpAddr, tls: Option<&Pair>) -> Result<Self> {
+        Self::start_on(dir, host, tls, Storage::Embedded).await
+    }
+
+    /// A lakeFS on `storage`.
+    pub async fn start_on(
+        dir: &Path,
+        host: IpAddr,
+        tls: Option<&Pair>,
+        storage: Storage,
+    ) -> Result<Self> {
         let binary = obtain("lakefs")?;
         let port = free_port()?;
         let home = dir.join("lakefs");
         std::fs::create_dir_all(&home)?;
+        let (postgres, object_store) = match storage {
+            Storage::Embedded => (None, None),
+            Storage::PostgresS3 => {
+                let (postgres, store) =
+                    tokio::join!(Postgres::start(dir, host), ObjectStore::start(dir, host));
+                (Some(postgres?), Some(store?))
+            }
+        };
+        let stores = match (&postgres, &object_store) {
+            (Some(postgres), Some(store)) => format!(
+                "database: {{type: postgres, postgres: {{connection_string: \"{}\"}}}}\n\
+                 blockstore: {{type: s3, s3: {{endpoint: \"{}\", force_path_style: true, \
+                 region: us-east-1, discover_bucket_region: false, pre_signed_expiry: 15m, \
+                 credentials: {{access_key_id: \"{S3_ACCESS_KEY_ID}\", \
+                 secret_access_key: \"{S3_SECRET_ACCESS_KEY}\"}}}}}}\n",
+                postgres.url, store.endpoint
+            ),
+            _ => format!(
+                "database: {{type: local, local: {{path: \"{home}/kv\", sync_writes: false}}}}\n\
+                 blockstore: {{type: local, local: {{path: \"{home}/blocks\"}}}}\n",
+                home = home.display()
+            ),
+        };
         let config = home.join("config.yaml");
         std::fs::write(
             &config,
             format!(
                 r#"listen_address: "{host}:{port}"
 logging: {{format: text, level: WARN, output: "-"}}
-database: {{type: local, local: {{path: "{home}/kv", sync_writes: false}}}}
-blockstore: {{type: local, local: {{path: "{home}/blocks"}}}}
-committed: {{local_cache: {{dir: "{home}/cache", size_bytes: 268435456}}, sstable: {{memory: {{cache_size_bytes: 67108864}}}}}}
+{stores}committed: {{local_cache: {{dir: "{home}/cache", size_bytes: 268435456}}, sstable: {{memory: {{cache_size_bytes: 67108864}}}}}}
 auth: {{encrypt: {{secret_key: "perago-e2e-only-secret"}}}}
 installation: {{user_name: admin, access_key_id: "{LAKEFS_ACCESS_KEY_ID}", secret_access_key: "{LAKEFS_SECRET_ACCESS_KEY}"}}
 stats: {{enabled: false}}
@@ -349,12 +389,56 @@ ui: {{enabled: false}}
             }
         })
         .await?;
-        eprintln!("[e2e] lakefs ready on {endpoint} in {took:.1?}");
+        if storage == Storage::PostgresS3 {
+            // lakeFS sets its admin up by itself only on its embedded stores.
+            setup_admin(&client, &endpoint).await?;
+        }
+        eprintln!("[e2e] lakefs ({storage:?}) ready on {endpoint} in {took:.1?}");
         Ok(Self {
             endpoint,
+            storage,
+            object_store,
             _process: process,
+            _postgres: postgres,
         })
     }
+
+    /// The storage namespace of a new repository `name`.
+    pub fn namespace(&self, name: &str) -> String {
+        match self.storage {
+            Storage::Embedded => format!("local://{name}"),
+            Storage::PostgresS3 => format!("s3://{BUCKET}/{name}"),
+        }
+    }
+
+    /// The hosts presigned URLs point at, as a sidecar's `PERAGO_LAKEFS_OBJECT_STORE_HOSTS`
+    /// takes them; empty on the embedded storage, which cannot presign.
+    pub fn object_store_hosts(&self) -> String {
+        self.object_store
+            .as_ref()
+            .map_or(String::new(), |s| s.authority.clone())
+    }
+}
+
+/// The harness's admin key, set through lakeFS's setup call.
+async fn setup_admin(client: &reqwest::Client, endpoint: &str) -> Result<()> {
+    let answer = client
+        .post(format!("{endpoint}/api/v1/setup_lakefs"))
+        .json(&serde_json::json!({
+            "username": "admin",
+            "key": {"access_key_id": LAKEFS_ACCESS_KEY_ID, "secret_access_key": LAKEFS_SECRET_ACCESS_KEY},
+        }))
+        .send()
+        .await
+        .context("setting lakeFS's admin up")?;
+    let status = answer.status();
+    if !status.is_success() && status != reqwest::StatusCode::CONFLICT {
+        bail!(
+            "setting lakeFS's admin up: HTTP {status}: {}",
+            answer.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// A running etcd + kube-apiserver with token authentication for the admin user.
@@ -606,6 +690,8 @@ pub struct Selection {
     /// The whole single-node cluster (implies `kube`); every server then listens on the pod
     /// bridge's address, where pods reach it.
     pub node: bool,
+    /// lakeFS's storage; `PERAGO_E2E_STORAGE` picks it when this is the default.
+    pub storage: Storage,
 }
 
 impl Selection {
@@ -615,10 +701,11 @@ impl Selection {
         lakefs: true,
         kube: true,
         node: true,
+        storage: Storage::Embedded,
     };
 
     /// Parse `all` or a comma-separated list of `conductor`, `lakefs`, `kube` (the API alone),
-    /// `node` (the API and the node).
+    /// `node` (the API and the node), `s3` (lakeFS on PostgreSQL and an S3 server).
     pub fn parse(text: &str) -> Result<Self> {
         let mut s = Self::default();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -628,7 +715,10 @@ impl Selection {
                 "lakefs" => s.lakefs = true,
                 "kube" => s.kube = true,
                 "node" => (s.kube, s.node) = (true, true),
-                other => bail!("unknown service '{other}' (conductor, lakefs, kube, node, all)"),
+                "s3" => (s.lakefs, s.storage) = (true, Storage::PostgresS3),
+                other => {
+                    bail!("unknown service '{other}' (conductor, lakefs, kube, node, s3, all)")
+                }
             }
         }
         Ok(s)
@@ -689,7 +779,11 @@ impl Services {
             },
             async {
                 if selection.lakefs {
-                    LakeFs::start(path, host).await.map(Some)
+                    let storage = match selection.storage {
+                        Storage::Embedded => Storage::from_env()?,
+                        chosen => chosen,
+                    };
+                    LakeFs::start_on(path, host, None, storage).await.map(Some)
                 } else {
                     Ok(None)
                 }
@@ -762,6 +856,9 @@ impl Services {
                 "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
                 LAKEFS_SECRET_ACCESS_KEY.to_owned(),
             ));
+            if l.object_store.is_some() {
+                env.push(("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", l.object_store_hosts()));
+            }
         }
         if let Some(k) = &self.kube {
             env.push(("KUBECONFIG", k.kubeconfig.display().to_string()));

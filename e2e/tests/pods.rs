@@ -96,7 +96,7 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
 /// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
 /// repository's name and the seed commit.
 async fn seeded(services: &Services, prefix: &str) -> (Lake, String, String) {
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repository = format!("{prefix}-{}", std::process::id());
     let input_ref = lake
         .seed(&repository, &[("data/in.txt", "seed")])
@@ -206,7 +206,7 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
         panic!("{e:#}\n{describe}");
     }
 
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repository = format!("pods-publish-{}", std::process::id());
     let input_ref = lake
         .seed(

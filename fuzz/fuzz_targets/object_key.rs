@@ -26,6 +26,7 @@ fn entry(path: &str) -> ObjectEntry {
         path_type: "object".into(),
         checksum: "d41d8cd98f00b204e9800998ecf8427e".into(),
         size_bytes: Some(0),
+        ..ObjectEntry::default()
     }
 }
 

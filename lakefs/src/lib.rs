@@ -20,6 +20,7 @@ use perago_contract::url::path_segment as segment;
 
 use perago_contract::text::{QUOTED_MAX, clip, clip_path};
 
+pub mod direct;
 pub mod flags;
 mod retry;
 pub use retry::idempotent_call as retries;
@@ -32,6 +33,16 @@ pub const REF_MAX: usize = 80;
 /// quoted whole, last).
 const MESSAGE_MAX: usize = 300;
 
+/// Where a call acted, as its errors say it: ` on repository@ref`, nothing for a call on the
+/// server itself (its configuration).
+fn on(repository: &str, reference: &str) -> String {
+    if repository.is_empty() {
+        String::new()
+    } else {
+        format!(" on {repository}@{reference}")
+    }
+}
+
 fn quoted_ref(reference: &str) -> String {
     clip(reference, REF_MAX).into_owned()
 }
@@ -40,49 +51,76 @@ fn quoted_ref(reference: &str) -> String {
 /// bounded by the transfer parallelism).
 const UPLOAD_BLOCK: usize = 1024 * 1024;
 
-/// The body of an upload. Each read from a file is a trip to the blocking pool: a file of at
-/// most one block is read whole in the trip that opens it, a larger one streamed a block at a
-/// time.
-async fn upload_body(path: &std::path::Path) -> std::io::Result<reqwest::Body> {
-    use std::io::{Read, Seek};
-    enum Opened {
-        Whole(Vec<u8>),
-        Streamed(std::fs::File),
-    }
-    let path = path.to_owned();
-    let opened = tokio::task::spawn_blocking(move || {
-        let mut file = std::fs::File::open(&path)?;
-        let size = file.metadata()?.len();
-        match usize::try_from(size) {
-            Ok(size) if size <= UPLOAD_BLOCK => {
-                // A byte more than its size shows a file still growing: streamed, then.
-                let mut bytes = Vec::with_capacity(size + 1);
-                (&mut file).take(size as u64 + 1).read_to_end(&mut bytes)?;
-                if bytes.len() <= size {
-                    return Ok::<_, std::io::Error>(Opened::Whole(bytes));
+/// A file opened for an upload. Each read from a file is a trip to the blocking pool: a file
+/// of at most one block is read whole in the trip that opens it, a larger one streamed a
+/// block at a time.
+enum Opened {
+    Whole(Vec<u8>),
+    Streamed(std::fs::File, u64),
+}
+
+impl Opened {
+    async fn open(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::io::{Read, Seek};
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let mut file = std::fs::File::open(&path)?;
+            let size = file.metadata()?.len();
+            match usize::try_from(size) {
+                Ok(small) if small <= UPLOAD_BLOCK => {
+                    // A byte more than its size shows a file still growing: streamed, then.
+                    let mut bytes = Vec::with_capacity(small + 1);
+                    (&mut file).take(size + 1).read_to_end(&mut bytes)?;
+                    if bytes.len() <= small {
+                        return Ok(Self::Whole(bytes));
+                    }
+                    file.seek(std::io::SeekFrom::Start(0))?;
+                    let size = file.metadata()?.len();
+                    Ok(Self::Streamed(file, size))
                 }
-                file.seek(std::io::SeekFrom::Start(0))?;
-                Ok(Opened::Streamed(file))
+                _ => Ok(Self::Streamed(file, size)),
             }
-            _ => Ok(Opened::Streamed(file)),
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Self::Whole(bytes) => bytes.len() as u64,
+            Self::Streamed(_, size) => *size,
         }
-    })
-    .await
-    .map_err(std::io::Error::other)??;
-    Ok(match opened {
-        Opened::Whole(bytes) => reqwest::Body::from(bytes),
-        Opened::Streamed(file) => {
-            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(
-                tokio::fs::File::from_std(file),
-                UPLOAD_BLOCK,
-            ))
+    }
+
+    /// The request body, its bytes counted and hashed into `tally` as they are sent.
+    fn into_body(self, tally: Option<direct::Tally>) -> reqwest::Body {
+        use futures_util::StreamExt;
+        match (self, tally) {
+            (Self::Whole(bytes), tally) => {
+                if let Some(t) = tally {
+                    t.add(&bytes);
+                }
+                reqwest::Body::from(bytes)
+            }
+            (Self::Streamed(file, _), tally) => {
+                let stream = tokio_util::io::ReaderStream::with_capacity(
+                    tokio::fs::File::from_std(file),
+                    UPLOAD_BLOCK,
+                )
+                .inspect(move |chunk| {
+                    if let (Some(t), Ok(chunk)) = (&tally, chunk) {
+                        t.add(chunk);
+                    }
+                });
+                reqwest::Body::wrap_stream(stream)
+            }
         }
-    })
+    }
 }
 
 #[derive(Debug, Error)]
 pub enum LakeFsError {
-    #[error("lakeFS {call} on {repository}@{reference} failed: HTTP {status}: {message}")]
+    #[error("lakeFS {call}{} failed: HTTP {status}: {message}", on(.repository, .reference))]
     Status {
         call: &'static str,
         repository: String,
@@ -93,7 +131,8 @@ pub enum LakeFsError {
     /// No answer: the request could not be sent (`sent: false`, nothing reached lakeFS), or
     /// it was sent and the answer never came (a timeout, a lost connection).
     #[error(
-        "lakeFS {call} on {repository}@{reference} {}: {detail}",
+        "lakeFS {call}{} {}: {detail}",
+        on(.repository, .reference),
         if *.sent { FAILED } else { NOT_SENT }
     )]
     Transport {
@@ -104,12 +143,34 @@ pub enum LakeFsError {
         timeout: bool,
         sent: bool,
     },
-    #[error("lakeFS {call} on {repository}@{reference} returned an unreadable answer: {detail}")]
+    #[error("lakeFS {call}{} returned an unreadable answer: {detail}", on(.repository, .reference))]
     Decode {
         call: &'static str,
         repository: String,
         reference: String,
         detail: String,
+    },
+    /// A transfer with the object store through a presigned URL failed: it answered
+    /// `status`, or (`None`) it could not be reached or the bytes were not what was sent.
+    #[error("object store {verb} of '{key}' for {repository}@{reference} failed: {detail}")]
+    ObjectStore {
+        verb: &'static str,
+        repository: String,
+        reference: String,
+        key: String,
+        status: Option<StatusCode>,
+        detail: String,
+    },
+    /// lakeFS presigned a URL on a host the object store hosts do not allow: never followed.
+    #[error(
+        "lakeFS presigned a URL for '{key}' at {repository}@{reference} on {host}, which is not \
+         an allowed object store host (spec.lakefs.objectStoreHosts); not followed"
+    )]
+    UnexpectedHost {
+        repository: String,
+        reference: String,
+        key: String,
+        host: String,
     },
 }
 
@@ -170,6 +231,14 @@ impl LakeFsError {
         }
     }
 
+    /// The object store's answer to a direct transfer.
+    pub fn store_status(&self) -> Option<StatusCode> {
+        match self {
+            Self::ObjectStore { status, .. } => *status,
+            _ => None,
+        }
+    }
+
     fn transient(&self) -> bool {
         match self {
             Self::Transport { .. } => true,
@@ -180,7 +249,10 @@ impl LakeFsError {
                     || *status == StatusCode::SERVICE_UNAVAILABLE
                     || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked"))
             }
-            Self::Decode { .. } => false,
+            Self::Decode { .. } | Self::UnexpectedHost { .. } => false,
+            Self::ObjectStore { status, .. } => {
+                status.is_none_or(|s| s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error())
+            }
         }
     }
 
@@ -212,6 +284,8 @@ impl LakeFsError {
             } => MergeOutcome::of_status(*status, message),
             // Only a successful answer is decoded: lakeFS merged.
             Self::Decode { .. } => MergeOutcome::Applied,
+            // Not merge calls: nothing reached the branch.
+            Self::ObjectStore { .. } | Self::UnexpectedHost { .. } => MergeOutcome::NotApplied,
         }
     }
 }
@@ -278,7 +352,7 @@ impl MergeOutcome {
 }
 
 /// One object of a listing.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct ObjectEntry {
     pub path: String,
     pub path_type: String,
@@ -286,6 +360,22 @@ pub struct ObjectEntry {
     pub checksum: String,
     #[serde(default)]
     pub size_bytes: Option<u64>,
+    /// Where the bytes are: with `presign`, a URL to read them from until
+    /// `physical_address_expiry` (seconds since the epoch).
+    #[serde(default)]
+    pub physical_address: String,
+    #[serde(default)]
+    pub physical_address_expiry: Option<i64>,
+}
+
+impl ObjectEntry {
+    /// The URL to read the object from, when lakeFS presigned one.
+    pub fn presigned_url(&self) -> Option<&str> {
+        self.physical_address_expiry
+            .is_some()
+            .then_some(self.physical_address.as_str())
+            .filter(|a| a.starts_with("http://") || a.starts_with("https://"))
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -317,6 +407,23 @@ struct Page<T> {
     results: Vec<T>,
 }
 
+/// A local file an upload could not read: final, and nothing was sent.
+fn unreadable_file(
+    call: Call<'_>,
+    branch: &str,
+    file: &std::path::Path,
+    e: std::io::Error,
+) -> LakeFsError {
+    LakeFsError::Transport {
+        call: call.name,
+        repository: call.repository.to_owned(),
+        reference: quoted_ref(branch),
+        timeout: false,
+        sent: false,
+        detail: format!("reading {}: {e}", clip_path(file)),
+    }
+}
+
 /// Why one upload try failed: the local file could not be read (final), or lakeFS refused.
 enum Upload {
     Unreadable(LakeFsError),
@@ -331,6 +438,10 @@ pub struct LakeFsClient {
     access_key_id: String,
     secret_access_key: String,
     timeout: Duration,
+    /// The object store hosts presigned URLs may point at, once bytes go there directly
+    /// ([`direct`]); unset: every byte goes through lakeFS. Shared by the clones, so one
+    /// decision, at start or later, holds for every part of the process.
+    direct: std::sync::Arc<std::sync::OnceLock<direct::ObjectStoreHosts>>,
 }
 
 impl std::fmt::Debug for LakeFsClient {
@@ -383,7 +494,29 @@ impl LakeFsClient {
             access_key_id: access_key_id.to_owned(),
             secret_access_key: secret_access_key.to_owned(),
             timeout,
+            direct: std::sync::Arc::default(),
         })
+    }
+
+    /// From now on, this client and its clones move object bytes straight to and from the
+    /// object store through URLs lakeFS presigns, on `hosts` only. Transfers already under
+    /// way finish on the path they started on; a second call changes nothing.
+    pub fn go_direct(&self, hosts: direct::ObjectStoreHosts) {
+        let _ = self.direct.set(hosts);
+    }
+
+    /// Object bytes go to the object store directly.
+    pub fn presigns(&self) -> bool {
+        self.direct.get().is_some()
+    }
+
+    /// What lakeFS says of its object store.
+    pub async fn storage_config(&self) -> Result<direct::StorageConfig, LakeFsError> {
+        let call = Call::new("get storage config", "", "");
+        self.json_retried(call, || {
+            self.request(Method::GET, "/config/storage", self.timeout)
+        })
+        .await
     }
 
     fn request(&self, method: Method, path: &str, timeout: Duration) -> reqwest::RequestBuilder {
@@ -504,11 +637,127 @@ impl LakeFsClient {
             segment(repository),
             segment(reference)
         );
-        let all: Vec<ObjectEntry> = self.list_prefixed(call, &path, prefix).await?;
+        // With the direct data path, each entry carries a URL to read its bytes from.
+        let presign = if self.presigns() { "true" } else { "false" };
+        let (all, _): (Vec<ObjectEntry>, _) = self
+            .paginate(
+                call,
+                &path,
+                &[("prefix", prefix), ("presign", presign)],
+                usize::MAX,
+            )
+            .await?;
         Ok(all
             .into_iter()
             .filter(|e| e.path_type == "object")
             .collect())
+    }
+
+    /// Stream the bytes of a listed object: from the URL lakeFS presigned for it with the
+    /// direct data path, through lakeFS otherwise. `timeout` bounds the whole transfer.
+    pub async fn open_object(
+        &self,
+        repository: &str,
+        reference: &str,
+        entry: &ObjectEntry,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, LakeFsError> {
+        let (Some(hosts), Some(url)) = (self.direct.get(), entry.presigned_url()) else {
+            return self
+                .get_object(repository, reference, &entry.path, timeout)
+                .await;
+        };
+        let key = entry.path.as_str();
+        let mut url = direct::allowed_url(hosts, url, "get", repository, reference, key)?;
+        let mut renewed = false;
+        loop {
+            let got = (|| self.get_from_store(&url, repository, reference, entry, timeout))
+                .retry(retries())
+                .when(LakeFsError::transient)
+                .await;
+            match got {
+                // A URL that expired before its turn came (a long download): asked again once.
+                Err(e) if e.store_status() == Some(StatusCode::FORBIDDEN) && !renewed => {
+                    renewed = true;
+                    tracing::debug!(error = %e, "the object store refused a presigned URL; asking lakeFS for a new one");
+                    let fresh = self.stat_presigned(repository, reference, key).await?;
+                    let Some(fresh) = fresh.presigned_url() else {
+                        return Err(e);
+                    };
+                    url = direct::allowed_url(hosts, fresh, "get", repository, reference, key)?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One GET of a presigned URL; the object store's ETag must be lakeFS's checksum.
+    async fn get_from_store(
+        &self,
+        url: &reqwest::Url,
+        repository: &str,
+        reference: &str,
+        entry: &ObjectEntry,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, LakeFsError> {
+        let key = entry.path.as_str();
+        // Never lakeFS's credentials: the URL carries its own signature.
+        let response = self
+            .http
+            .get(url.clone())
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| direct::transport("get", repository, reference, key, e))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            return Err(direct::store_error(
+                "get",
+                repository,
+                reference,
+                key,
+                Some(status),
+                direct::store_message(status, &text),
+            ));
+        }
+        match direct::etag(&response) {
+            Some(etag)
+                if !entry.checksum.is_empty() && !etag.eq_ignore_ascii_case(&entry.checksum) =>
+            {
+                Err(direct::store_error(
+                    "get",
+                    repository,
+                    reference,
+                    key,
+                    None,
+                    format!(
+                        "the object store holds ETag {etag} there, lakeFS recorded checksum {}",
+                        entry.checksum
+                    ),
+                ))
+            }
+            _ => Ok(response),
+        }
+    }
+
+    /// An object's entry with a freshly presigned URL.
+    async fn stat_presigned(
+        &self,
+        repository: &str,
+        reference: &str,
+        key: &str,
+    ) -> Result<ObjectEntry, LakeFsError> {
+        let path = format!(
+            "/repositories/{}/refs/{}/objects/stat",
+            segment(repository),
+            segment(reference)
+        );
+        self.json_retried(Call::new("stat object", repository, reference), || {
+            self.request(Method::GET, &path, self.timeout)
+                .query(&[("path", key), ("presign", "true")])
+        })
+        .await
     }
 
     /// Stream an object's bytes. `timeout` bounds the whole transfer.
@@ -580,6 +829,7 @@ impl LakeFsClient {
     }
 
     /// Upload a local file as `key`, streaming it; retried (the bytes are the same each time).
+    /// With the direct data path the bytes go to the object store and the address is linked.
     pub async fn upload(
         &self,
         repository: &str,
@@ -588,6 +838,11 @@ impl LakeFsClient {
         file: &std::path::Path,
         timeout: Duration,
     ) -> Result<ObjectEntry, LakeFsError> {
+        if let Some(hosts) = self.direct.get() {
+            return self
+                .upload_direct(hosts, repository, branch, key, file, timeout)
+                .await;
+        }
         let call = Call::new("upload object", repository, branch);
         let path = format!(
             "/repositories/{}/branches/{}/objects",
@@ -597,16 +852,10 @@ impl LakeFsClient {
         // A file that cannot be read is not retried; a transient answer from lakeFS is, with
         // the file read again from its start.
         let sent = (|| async {
-            let body = upload_body(file).await.map_err(|e| {
-                Upload::Unreadable(LakeFsError::Transport {
-                    call: call.name,
-                    repository: repository.to_owned(),
-                    reference: quoted_ref(branch),
-                    timeout: false,
-                    sent: false,
-                    detail: format!("reading {}: {e}", clip_path(file)),
-                })
-            })?;
+            let body = Opened::open(file)
+                .await
+                .map_err(|e| Upload::Unreadable(unreadable_file(call, branch, file, e)))?
+                .into_body(None);
             let request = self
                 .request(Method::POST, &path, timeout)
                 .query(&[("path", key)])
@@ -622,6 +871,139 @@ impl LakeFsClient {
             Ok(response) => Self::json(call, response).await,
             Err(Upload::Unreadable(e) | Upload::Refused(e)) => Err(e),
         }
+    }
+
+    /// The direct upload: an address with a presigned URL from lakeFS, the file put there,
+    /// the address linked as `key`. A URL the object store refuses (403: expired) is asked
+    /// for again once.
+    async fn upload_direct(
+        &self,
+        hosts: &direct::ObjectStoreHosts,
+        repository: &str,
+        branch: &str,
+        key: &str,
+        file: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<ObjectEntry, LakeFsError> {
+        let path = format!(
+            "/repositories/{}/branches/{}/staging/backing",
+            segment(repository),
+            segment(branch)
+        );
+        let mut renewed = false;
+        loop {
+            let location: direct::StagingLocation = self
+                .json_retried(
+                    Call::new("get physical address", repository, branch),
+                    || {
+                        self.request(Method::GET, &path, self.timeout)
+                            .query(&[("path", key), ("presign", "true")])
+                    },
+                )
+                .await?;
+            let Some(url) = location.presigned_url.as_deref() else {
+                return Err(direct::store_error(
+                    "put",
+                    repository,
+                    branch,
+                    key,
+                    None,
+                    "lakeFS gave a physical address without a presigned URL".into(),
+                ));
+            };
+            let url = direct::allowed_url(hosts, url, "put", repository, branch, key)?;
+            match self
+                .put_to_store(&url, repository, branch, key, file, timeout)
+                .await
+            {
+                Ok((md5, size)) => {
+                    let call = Call::new("link object", repository, branch);
+                    let body = json!({
+                        "staging": {"physical_address": location.physical_address},
+                        "checksum": md5,
+                        "size_bytes": size,
+                        "content_type": "application/octet-stream",
+                    });
+                    // Linking the same address again is harmless: retried.
+                    return self
+                        .json_retried(call, || {
+                            self.request(Method::PUT, &path, self.timeout)
+                                .query(&[("path", key)])
+                                .json(&body)
+                        })
+                        .await;
+                }
+                Err(e) if e.store_status() == Some(StatusCode::FORBIDDEN) && !renewed => {
+                    renewed = true;
+                    tracing::debug!(error = %e, "the object store refused a presigned upload URL; asking lakeFS for a new one");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Put a file at a presigned URL; its MD5 and length, once the object store recorded
+    /// the same MD5 (its ETag), else a retryable error: the address is never linked.
+    async fn put_to_store(
+        &self,
+        url: &reqwest::Url,
+        repository: &str,
+        branch: &str,
+        key: &str,
+        file: &std::path::Path,
+        timeout: Duration,
+    ) -> Result<(String, u64), LakeFsError> {
+        let call = Call::new("upload object", repository, branch);
+        let sent = (|| async {
+            let opened = Opened::open(file)
+                .await
+                .map_err(|e| Upload::Unreadable(unreadable_file(call, branch, file, e)))?;
+            let length = opened.len();
+            let tally = direct::Tally::default();
+            let response = self
+                .http
+                .put(url.clone())
+                .timeout(timeout)
+                // Object stores refuse a PUT of unknown length.
+                .header(reqwest::header::CONTENT_LENGTH, length)
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .body(opened.into_body(Some(tally.clone())))
+                .send()
+                .await
+                .map_err(|e| Upload::Refused(direct::transport("put", repository, branch, key, e)))?;
+            let status = response.status();
+            let stored = direct::etag(&response);
+            if !status.is_success() {
+                let text = response.text().await.unwrap_or_default();
+                return Err(Upload::Refused(direct::store_error(
+                    "put",
+                    repository,
+                    branch,
+                    key,
+                    Some(status),
+                    direct::store_message(status, &text),
+                )));
+            }
+            let (md5, size) = tally.finish();
+            match stored {
+                Some(etag) if etag.eq_ignore_ascii_case(&md5) && size == length => Ok((md5, size)),
+                stored => Err(Upload::Refused(direct::store_error(
+                    "put",
+                    repository,
+                    branch,
+                    key,
+                    None,
+                    format!(
+                        "the object store recorded ETag {} for the {size} bytes sent, whose MD5 is {md5}; not linked",
+                        stored.as_deref().unwrap_or("(none)")
+                    ),
+                ))),
+            }
+        })
+        .retry(retries())
+        .when(|e| matches!(e, Upload::Refused(e) if e.transient()))
+        .await;
+        sent.map_err(|(Upload::Unreadable(e) | Upload::Refused(e))| e)
     }
 
     /// Delete keys from a branch, at most 1000 per request; missing keys are not errors.

@@ -222,6 +222,10 @@ pub struct DefaultsArgs {
     /// Secret with the LAKECTL_CREDENTIALS_* keys for workspace tasks that set none.
     #[arg(long, env = "PERAGO_LAKEFS_CREDENTIALS_SECRET")]
     lakefs_credentials_secret: Option<String>,
+    /// Object store hosts (comma-separated `host[:port]`, `*.suffix`) that URLs presigned by
+    /// lakeFS may point at, for workspace tasks that name none.
+    #[arg(long, env = "PERAGO_LAKEFS_OBJECT_STORE_HOSTS", value_delimiter = ',')]
+    lakefs_object_store_hosts: Vec<String>,
     /// OTLP/HTTP URL (`…/v1/traces`) every sidecar sends a trace of each attempt to
     /// (its `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); unset: no traces.
     #[arg(long, env = "PERAGO_SIDECAR_OTLP_TRACES_ENDPOINT", value_parser = otlp_url)]
@@ -249,6 +253,12 @@ impl DefaultsArgs {
             conductor_credentials_secret: self.conductor_credentials_secret,
             lakefs_endpoint: self.lakefs_endpoint,
             lakefs_credentials_secret: self.lakefs_credentials_secret,
+            lakefs_object_store_hosts: self
+                .lakefs_object_store_hosts
+                .into_iter()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .collect(),
             traces_endpoint: self.sidecar_otlp_traces_endpoint.filter(|e| !e.is_empty()),
         }
     }

@@ -37,6 +37,7 @@ pub fn defaults() -> Defaults {
         conductor_credentials_secret: None,
         lakefs_endpoint: Some("http://lakefs:8000".into()),
         lakefs_credentials_secret: Some("default-lake".into()),
+        lakefs_object_store_hosts: vec!["minio.storage:9000".into()],
         traces_endpoint: None,
     }
 }

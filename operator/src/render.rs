@@ -38,6 +38,8 @@ pub struct Defaults {
     pub conductor_credentials_secret: Option<String>,
     pub lakefs_endpoint: Option<String>,
     pub lakefs_credentials_secret: Option<String>,
+    /// The object store hosts for workspace tasks that name none (`objectStoreHosts`).
+    pub lakefs_object_store_hosts: Vec<String>,
     /// Where every sidecar sends its attempt traces (OTLP/HTTP); `None`: no traces.
     pub traces_endpoint: Option<String>,
 }
@@ -360,6 +362,17 @@ fn sidecar_env(
         {
             sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", &secret));
             sidecar_env.push(secret_env("LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY", &secret));
+        }
+        let lakefs = spec.lakefs.as_ref();
+        if let Some(path) = lakefs.and_then(|l| l.data_path) {
+            sidecar_env.push(env("PERAGO_LAKEFS_DATA_PATH", path.as_str()));
+        }
+        let hosts = lakefs
+            .map(|l| &l.object_store_hosts)
+            .filter(|h| !h.is_empty())
+            .unwrap_or(&defaults.lakefs_object_store_hosts);
+        if !hosts.is_empty() {
+            sidecar_env.push(env("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", hosts.join(",")));
         }
     }
     sidecar_env
@@ -749,6 +762,15 @@ mod tests {
             env["LAKECTL_SERVER_ENDPOINT_URL"].value.as_deref(),
             Some("http://lakefs:8000")
         );
+        assert!(
+            !env.contains_key("PERAGO_LAKEFS_DATA_PATH"),
+            "auto is the sidecar's own default"
+        );
+        assert_eq!(
+            env["PERAGO_LAKEFS_OBJECT_STORE_HOSTS"].value.as_deref(),
+            Some("minio.storage:9000"),
+            "the operator's default hosts"
+        );
         let secret = env["LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY"]
             .value_from
             .as_ref()
@@ -968,6 +990,40 @@ mod tests {
     }
 
     #[test]
+    fn a_task_names_its_data_path_and_object_store_hosts() {
+        let t = task(&SPEC.replace(
+            "  lakefs: {credentialsSecret: lake-creds,",
+            "  lakefs: {dataPath: presigned, objectStoreHosts: ['*.s3.eu-west-1.amazonaws.com', '10.0.0.7:9000'], credentialsSecret: lake-creds,",
+        ));
+        let c = contract::render(&t.spec).unwrap();
+        let pod = deployment(&t, &c, &defaults(), 1)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let init = pod.init_containers.unwrap();
+        let value = |name: &str| {
+            init[1]
+                .env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            value("PERAGO_LAKEFS_DATA_PATH").as_deref(),
+            Some("presigned")
+        );
+        assert_eq!(
+            value("PERAGO_LAKEFS_OBJECT_STORE_HOSTS").as_deref(),
+            Some("*.s3.eu-west-1.amazonaws.com,10.0.0.7:9000"),
+            "the task's hosts win over the operator's"
+        );
+    }
+
+    #[test]
     fn workspace_free_tasks_get_no_lakefs_settings() {
         let t = task(&SPEC.replace("  workspace: {prefix: /features}\n", "").replace("  controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}\n", ""));
         let c = contract::render(&t.spec).unwrap();
@@ -984,7 +1040,7 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .iter()
-                .all(|e| !e.name.starts_with("LAKECTL_"))
+                .all(|e| !e.name.starts_with("LAKECTL_") && !e.name.starts_with("PERAGO_LAKEFS_"))
         );
         assert_eq!(pod.termination_grace_period_seconds, Some(45));
     }

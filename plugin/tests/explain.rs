@@ -35,7 +35,7 @@ fn attempts(view: &Value) -> &Vec<Value> {
 #[tokio::test]
 async fn a_publication_and_a_crash_after_merge_superseded_by_its_retry() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let controls = "{retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 2}}";
 
     // A publication, reported.
@@ -184,7 +184,7 @@ async fn a_publication_and_a_crash_after_merge_superseded_by_its_retry() {
 #[tokio::test]
 async fn a_foreign_commit_is_refused_by_the_publish_fence() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kx-foreign-{}", std::process::id());
     let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     let body = format!(
@@ -254,7 +254,7 @@ fn budget(retries: u32) -> String {
 #[tokio::test]
 async fn a_merge_timeout_is_uncertain_until_a_retry_publishes() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let files = [
         ("keep.txt", "keep"),
         ("_lakefs_actions/slow.yaml", SLOW_FIRST_MERGE),
@@ -336,7 +336,7 @@ async fn a_merge_timeout_is_uncertain_until_a_retry_publishes() {
 #[tokio::test]
 async fn a_terminal_pre_guardrail_failure_a_no_op_and_a_hostile_reason() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kx-guard-{}", std::process::id());
     let bare = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     let (api, _pod) = task_pod_with(

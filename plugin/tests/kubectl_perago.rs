@@ -18,7 +18,7 @@ use support::*;
 #[tokio::test]
 async fn history_classifies_publications_supersessions_and_foreign_commits() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kp-history-{}", std::process::id());
     let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     let task = "kp.history";
@@ -220,7 +220,7 @@ async fn history_classifies_publications_supersessions_and_foreign_commits() {
 #[tokio::test]
 async fn gc_deletes_the_branches_of_dead_attempts_and_keeps_a_live_one() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kp-gc-{}", std::process::id());
     let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     lake.post(
@@ -386,7 +386,7 @@ const ACTION: &str = "_lakefs_actions/perago-hard-fence.yaml";
 #[tokio::test]
 async fn install_fence_guards_a_branch_once_and_lakefs_then_refuses_a_merge_onto_a_moved_head() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kp-fence-{}", std::process::id());
     let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     lake.post(
@@ -572,7 +572,7 @@ async fn install_fence_guards_a_branch_once_and_lakefs_then_refuses_a_merge_onto
 #[tokio::test]
 async fn install_fence_on_a_protected_branch_prints_the_manual_steps_and_they_work() {
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kp-protected-{}", std::process::id());
     let input = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     let endpoint = &services.lakefs().endpoint;
@@ -731,7 +731,7 @@ async fn lakefs_reads_pre_merge_branches_as_path_match_patterns_and_history_agre
         Refused,
     }
     let services = services().await;
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repo = format!("kp-patterns-{}", std::process::id());
     lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     let cases = [

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use perago_contract::contract::{CONTRACT_VERSION, ContractWorkspace, TaskContract};
 
 use crate::broker::{Broker, TaskRuntime};
-use crate::config::{RuntimeSettings, Settings};
+use crate::config::{LakeFsSettings, RuntimeSettings, Settings};
 use crate::execution;
 use crate::input::Schemas;
 use crate::otlp::{self, Exporter};
@@ -25,6 +25,7 @@ use crate::workspace::{TransferLimits, WorkspaceRuntime};
 use perago_conductor::ConductorClient;
 use perago_contract::protocol::SOCKET_NAME;
 use perago_lakefs::LakeFsClient;
+use perago_lakefs::direct::{Chosen, DataPath, ObjectStoreHosts, StorageConfig};
 
 /// A start-up failure; its text is printed as `error: <text>` and the process exits 1.
 #[derive(Debug)]
@@ -127,6 +128,10 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
     );
     require_task_def(&conductor, &contract.task_name).await?;
+    let workspace = match (workspace, &checked.lakefs) {
+        (Some(parts), Some(l)) => Some(parts.with_data_path(l).await?),
+        (parts, _) => parts,
+    };
 
     let hub = RunnerHub::new(contract.slots, Arc::clone(&metrics));
     let socket = work_dir.join(SOCKET_NAME);
@@ -250,6 +255,52 @@ fn workspace_parts(
 }
 
 impl WorkspaceParts {
+    /// Choose how object bytes travel. `presigned` is checked at start: a lakeFS that cannot
+    /// presign, no allowed hosts, or no answer from lakeFS stops the sidecar here, not at the
+    /// first attempt. `auto` with hosts asks lakeFS too, and when lakeFS does not answer it
+    /// starts on the proxied path and asks again in the background (both paths are correct,
+    /// so a pod keeps working through a lakeFS outage at its start).
+    async fn with_data_path(self, l: &LakeFsSettings) -> Result<Self, StartError> {
+        if l.data_path == DataPath::Proxied
+            || (l.data_path == DataPath::Auto && l.object_store_hosts.is_empty())
+        {
+            info!(data_path = "proxied", "object bytes go through lakeFS");
+            return Ok(self);
+        }
+        match self.lakefs.storage_config().await {
+            Ok(storage) => {
+                let chosen = l
+                    .data_path
+                    .choose(&l.object_store_hosts, &storage)
+                    .map_err(StartError)?;
+                take_data_path(&self.lakefs, chosen, &storage, &l.object_store_hosts);
+            }
+            Err(e) if l.data_path == DataPath::Presigned => {
+                return Err(StartError(format!(
+                    "checking that lakeFS can presign (PERAGO_LAKEFS_DATA_PATH=presigned) failed: {e}"
+                )));
+            }
+            Err(e) => {
+                warn!(error = %e, "lakeFS did not say whether it can presign; object bytes go through lakeFS until it does");
+                let (lakefs, hosts) = (self.lakefs.clone(), l.object_store_hosts.clone());
+                tokio::spawn(async move {
+                    let mut delay = Duration::from_secs(1);
+                    loop {
+                        tokio::time::sleep(delay).await;
+                        if let Ok(storage) = lakefs.storage_config().await {
+                            if let Ok(chosen) = DataPath::Auto.choose(&hosts, &storage) {
+                                take_data_path(&lakefs, chosen, &storage, &hosts);
+                            }
+                            return;
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(60));
+                    }
+                });
+            }
+        }
+        Ok(self)
+    }
+
     /// The workspace runtime, with the staging sweep started and the hard-fence watch made
     /// for tasks that publish (only they make staging branches and need the fence).
     fn runtime(
@@ -278,6 +329,29 @@ impl WorkspaceParts {
             staging_sweep,
             hard_fence,
         }))
+    }
+}
+
+/// Put the client on the chosen data path, saying which.
+fn take_data_path(
+    lakefs: &LakeFsClient,
+    chosen: Chosen,
+    storage: &StorageConfig,
+    hosts: &ObjectStoreHosts,
+) {
+    match chosen {
+        Chosen::Presigned => {
+            info!(data_path = "presigned", blockstore = %storage.blockstore_type,
+                "object bytes go straight to the object store through presigned URLs");
+            lakefs.go_direct(hosts.clone());
+        }
+        Chosen::Proxied(why) => {
+            info!(
+                data_path = "proxied",
+                reason = why.as_deref().unwrap_or(""),
+                "object bytes go through lakeFS"
+            );
+        }
     }
 }
 

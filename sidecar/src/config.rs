@@ -12,6 +12,7 @@ use crate::trace::TraceConfig;
 use perago_conductor::Credentials;
 use perago_conductor::flags::ConductorFlags;
 use perago_contract::setting::given;
+use perago_lakefs::direct::{DataPath, ObjectStoreHosts};
 use perago_lakefs::flags::LakeFsFlags;
 
 #[derive(Args, Debug, Clone)]
@@ -58,6 +59,14 @@ pub struct Settings {
     /// Per-request timeout of lakeFS calls other than transfers and the merge (seconds).
     #[arg(long, env = "PERAGO_LAKEFS_TIMEOUT_SECONDS", default_value_t = 30)]
     pub lakefs_timeout_seconds: u64,
+    /// How object bytes travel: straight to and from the object store through URLs lakeFS
+    /// presigns (`presigned`), through lakeFS (`proxied`), or presigned when lakeFS can and
+    /// object store hosts are given (`auto`).
+    #[arg(long, env = "PERAGO_LAKEFS_DATA_PATH", value_enum, default_value_t = DataPath::Auto)]
+    pub lakefs_data_path: DataPath,
+    /// The hosts presigned URLs may point at: `host`, `host:port`, `*.suffix`, comma-separated.
+    #[arg(long, env = "PERAGO_LAKEFS_OBJECT_STORE_HOSTS")]
+    pub lakefs_object_store_hosts: Option<String>,
     /// Timeout of one object download or upload (seconds).
     #[arg(long, env = "PERAGO_TRANSFER_TIMEOUT_SECONDS", default_value_t = 900)]
     pub transfer_timeout_seconds: u64,
@@ -177,6 +186,8 @@ pub struct LakeFsSettings {
     /// The period of the sweep of dead attempts' staging branches; `None` when off.
     pub staging_sweep: Option<Duration>,
     pub staging_gone_after: Duration,
+    pub data_path: DataPath,
+    pub object_store_hosts: ObjectStoreHosts,
 }
 
 impl std::fmt::Debug for LakeFsSettings {
@@ -232,7 +243,13 @@ impl Settings {
                 if self.transfer_parallelism == 0 {
                     return Err("PERAGO_TRANSFER_PARALLELISM must be greater than zero".into());
                 }
+                let object_store_hosts = ObjectStoreHosts::parse(
+                    self.lakefs_object_store_hosts.as_deref().unwrap_or(""),
+                )
+                .map_err(|e| format!("PERAGO_LAKEFS_OBJECT_STORE_HOSTS: {e}"))?;
                 Some(LakeFsSettings {
+                    data_path: self.lakefs_data_path,
+                    object_store_hosts,
                     fault,
                     endpoint: access.endpoint,
                     access_key_id: access.access_key_id,

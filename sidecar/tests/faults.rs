@@ -152,7 +152,7 @@ spec:
             .await
             .unwrap();
         let pod = start_pod(&conductor, &lakefs, &contract, &body).await;
-        let lake = Lake::new(&services.lakefs().endpoint);
+        let lake = Lake::of(services.lakefs());
         let repository = format!("{}-{}", task.replace('.', "-"), std::process::id());
         let mut files = vec![("data/seed.txt", "seed")];
         files.extend(seed.iter().map(|(k, v)| (k.as_str(), v.as_str())));

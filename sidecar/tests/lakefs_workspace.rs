@@ -39,7 +39,7 @@ async fn repository(name: &str) -> String {
     let resp = reqwest::Client::new()
         .post(format!("{}/api/v1/repositories", services.lakefs().endpoint))
         .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
-        .json(&json!({"name": repo, "storage_namespace": format!("local://{repo}"), "default_branch": "main"}))
+        .json(&json!({"name": repo, "storage_namespace": services.lakefs().namespace(&repo), "default_branch": "main"}))
         .send()
         .await
         .unwrap();

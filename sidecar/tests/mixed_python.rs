@@ -155,7 +155,7 @@ fn lake_client(services: &Services) -> LakeFsClient {
 
 /// A repository whose main holds `seed.txt`; (name, seed commit).
 async fn repository(name: &str) -> (String, String) {
-    let lake = perago_e2e::lake::Lake::new(&services().await.lakefs().endpoint);
+    let lake = perago_e2e::lake::Lake::of(services().await.lakefs());
     let repo = format!("{name}-{}", std::process::id());
     let seed = lake.seed(&repo, &[("seed.txt", "seed")]).await.unwrap();
     (repo, seed)
@@ -870,7 +870,7 @@ async fn each_fence_on_the_other_sides_commits() {
 
     // With main protected, Python's hard reset over C2 (given S1, one commit behind) is
     // refused, and C2 stays; this sidecar's squash merges still publish.
-    let lake = perago_e2e::lake::Lake::new(&services.lakefs().endpoint);
+    let lake = perago_e2e::lake::Lake::of(services.lakefs());
     lake.send(
         reqwest::Client::new()
             .put(format!(
@@ -1020,7 +1020,7 @@ async fn a_python_perago_module_runs_unchanged_as_a_peragotask() {
     )
     .await;
 
-    let lake = perago_e2e::lake::Lake::new(&services.lakefs().endpoint);
+    let lake = perago_e2e::lake::Lake::of(services.lakefs());
     let seed = [
         ("docs/seed.txt", "seed"),
         ("docs/keep.txt", "kept"),

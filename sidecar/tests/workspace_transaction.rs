@@ -66,7 +66,7 @@ impl Lake {
         self.api(
             reqwest::Method::POST,
             "/repositories",
-            Some(json!({"name": repo, "storage_namespace": format!("local://{repo}"), "default_branch": "main"})),
+            Some(json!({"name": repo, "storage_namespace": services().await.lakefs().namespace(&repo), "default_branch": "main"})),
         )
         .await;
         let commit = self.write(&repo, files, &[], "seed", BTreeMap::new()).await;
@@ -475,6 +475,7 @@ spec:
     let contract = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
     let lake = &services.lakefs().endpoint;
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
+    let hosts = services.lakefs().object_store_hosts();
     let mut env = vec![
         ("LAKECTL_SERVER_ENDPOINT_URL", lake.as_str()),
         ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
@@ -482,6 +483,8 @@ spec:
             "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
             LAKEFS_SECRET_ACCESS_KEY,
         ),
+        // On the PostgreSQL + S3 profile the bytes go to the object store (auto).
+        ("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", hosts.as_str()),
     ];
     env.extend_from_slice(extra_env);
     let pod = Pod::start(&bins, &api.base, &contract, body, &env).await;

@@ -125,7 +125,7 @@ async fn main() -> Result<()> {
     shown(&cluster, &["get", "pods", "-n", NAMESPACE, "-o", "wide"])?;
 
     section("lakeFS input");
-    let lake = Lake::new(&services.lakefs().endpoint);
+    let lake = Lake::of(services.lakefs());
     let repository = format!("audio-{}", std::process::id());
     let input_ref = lake
         .seed(

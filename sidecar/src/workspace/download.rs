@@ -313,7 +313,7 @@ impl Source<'_> {
     async fn fetch_once(&self, entry: &ObjectEntry, target: &Path) -> Result<u64, DownloadError> {
         let mut response = self
             .client
-            .get_object(self.repository, self.reference, &entry.path, self.timeout)
+            .open_object(self.repository, self.reference, entry, self.timeout)
             .await?;
         match entry.size_bytes.and_then(|s| usize::try_from(s).ok()) {
             Some(size) if size <= WRITE_BLOCK => {
@@ -429,6 +429,7 @@ mod tests {
             path_type: "object".into(),
             checksum: "c".into(),
             size_bytes: Some(1),
+            ..ObjectEntry::default()
         }
     }
 
