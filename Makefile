@@ -30,7 +30,7 @@ test: obtain release-binaries
 
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain release-binaries
-	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace
+	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace --bench data_path
 	$(CARGO) bench -p perago-e2e --bench scaling --bench operator
 
 ## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
@@ -40,7 +40,7 @@ bench: obtain release-binaries
 bench-quick: bench-quick-servers bench-quick-node
 
 bench-quick-servers: obtain release-binaries
-	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace
+	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 PERAGO_BENCH_PODS=1 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace --bench data_path
 
 bench-quick-node: obtain release-binaries
 	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev --workspace --bench scaling --bench operator

@@ -29,6 +29,9 @@ pub enum Fault {
     DropResponse,
     /// Answer this status (with a short text body) without forwarding.
     Status(u16),
+    /// Answer as an S3 server refusing a request: this status and an XML error with this
+    /// code (`SlowDown`, `InternalError`, ...), without forwarding.
+    S3Error(u16, &'static str),
     /// Forward the request but cut its body after this many bytes, then close.
     ResetUpload { after: usize },
     /// Forward, pass the answer's headers and this many bytes of its body, then reset.
@@ -53,6 +56,7 @@ impl Fault {
             Fault::DropRequest => "drop-request".into(),
             Fault::DropResponse => "drop-response".into(),
             Fault::Status(code) => format!("status-{code}"),
+            Fault::S3Error(status, code) => format!("s3-{status}-{code}"),
             Fault::ResetUpload { after } => format!("reset-upload-after-{after}"),
             Fault::ResetDownload { after } => format!("reset-download-after-{after}"),
             Fault::Delay(d) => format!("delay-{}ms", d.as_millis()),
@@ -114,6 +118,17 @@ impl FaultProxy {
     /// Listen on 127.0.0.1 and forward to `upstream` (`scheme://host:port[/prefix]`); the proxy's
     /// `url` keeps the prefix, so it stands in for `upstream` everywhere.
     pub async fn start(upstream: &str) -> Result<Self> {
+        Self::start_with(upstream, false).await
+    }
+
+    /// [`start`](Self::start), passing the client's `Host` header on as it came: a request
+    /// signed for the proxy's address (an S3 URL lakeFS presigned for it) still verifies
+    /// upstream.
+    pub async fn start_keeping_host(upstream: &str) -> Result<Self> {
+        Self::start_with(upstream, true).await
+    }
+
+    async fn start_with(upstream: &str, keep_host: bool) -> Result<Self> {
         let parsed = reqwest::Url::parse(upstream).context("the upstream URL")?;
         let origin = parsed.origin().ascii_serialization();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -132,7 +147,13 @@ impl FaultProxy {
                 let (state, http, origin) = (shared.clone(), http.clone(), origin.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request| {
-                        exchange(state.clone(), http.clone(), origin.clone(), request)
+                        exchange(
+                            state.clone(),
+                            http.clone(),
+                            origin.clone(),
+                            keep_host,
+                            request,
+                        )
                     });
                     // An aborted exchange ends the connection; that is the point.
                     let _ = hyper::server::conn::http1::Builder::new()
@@ -308,6 +329,7 @@ async fn exchange(
     state: Arc<Mutex<State>>,
     http: reqwest::Client,
     origin: String,
+    keep_host: bool,
     request: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Abort> {
     let method = request.method().as_str().to_owned();
@@ -350,6 +372,19 @@ async fn exchange(
                 .body(full(body))
                 .unwrap_or_else(|_| Response::new(full(String::new()))));
         }
+        Some(Fault::S3Error(code, name)) => {
+            let status =
+                hyper::StatusCode::from_u16(*code).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{name}</Code>\
+                 <Message>fault proxy: {name}</Message></Error>"
+            );
+            return Ok(Response::builder()
+                .status(status)
+                .header("content-type", "application/xml")
+                .body(full(body))
+                .unwrap_or_else(|_| Response::new(full(String::new()))));
+        }
         Some(Fault::Delay(d)) => tokio::time::sleep(*d).await,
         Some(Fault::Hold(_)) => {
             if let Some(mut hold) = hold {
@@ -367,7 +402,8 @@ async fn exchange(
 
     let mut forward = http.request(parts.method.clone(), format!("{origin}{path}"));
     for (name, value) in &parts.headers {
-        if !matches!(name.as_str(), "host" | "connection" | "transfer-encoding") {
+        let hop = matches!(name.as_str(), "connection" | "transfer-encoding");
+        if !hop && (keep_host || name.as_str() != "host") {
             forward = forward.header(name, value);
         }
     }

@@ -20,8 +20,23 @@ fn processes(comm: &str) -> Vec<u32> {
 
 /// utime + stime of every process named `comm`, in seconds.
 pub fn cpu_seconds(comm: &str) -> f64 {
-    processes(comm)
-        .into_iter()
+    cpu_of(processes(comm))
+}
+
+/// utime + stime of the processes named `comm` below `root` (a run's own server, not another
+/// run's of the same name), in seconds.
+pub fn cpu_seconds_below(root: u32, comm: &str) -> f64 {
+    let below = ProcessTree::new(root).members();
+    cpu_of(
+        processes(comm)
+            .into_iter()
+            .filter(|pid| below.contains(pid))
+            .collect(),
+    )
+}
+
+fn cpu_of(pids: Vec<u32>) -> f64 {
+    pids.into_iter()
         .filter_map(stat_fields)
         .map(|f| {
             (11..=12)

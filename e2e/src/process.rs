@@ -116,6 +116,19 @@ impl ServerProcess {
         })
     }
 
+    /// Kill the server and everything it started at once (SIGKILL), as a crash would; the
+    /// watchdog then ends.
+    pub fn kill(mut self) {
+        let watchdog = self.watchdog.id();
+        for pid in crate::measure::ProcessTree::new(watchdog).members() {
+            if pid != watchdog {
+                let pid = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let _ = self.watchdog.wait();
+    }
+
     pub fn log_path(&self) -> &Path {
         &self.log
     }

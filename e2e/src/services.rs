@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::faults::FaultProxy;
 use crate::node::{
     BRIDGE_IP, Containerd, KUBERNETES_SERVICE_IP, Machine, Node, NodePki, SERVICE_RANGE,
 };
@@ -299,9 +300,12 @@ pub struct LakeFs {
     pub storage: Storage,
     /// The S3 server, on [`Storage::PostgresS3`].
     pub object_store: Option<ObjectStore>,
+    /// The fault proxy the presigned URLs point at, when lakeFS was started behind one
+    /// ([`LakeFs::start_presigning_through_proxy`]).
+    pub object_store_proxy: Option<FaultProxy>,
     // Dropped in this order: lakeFS stops before its stores.
     _process: ServerProcess,
-    _postgres: Option<Postgres>,
+    pub postgres: Option<Postgres>,
 }
 
 impl LakeFs {
@@ -322,6 +326,27 @@ impl LakeFs {
         tls: Option<&Pair>,
         storage: Storage,
     ) -> Result<Self> {
+        Self::start_with(dir, host, tls, storage, None).await
+    }
+
+    /// A lakeFS on PostgreSQL and the S3 server whose presigned URLs expire after `expiry`
+    /// and point at a fault proxy in front of the S3 server ([`Self::object_store_proxy`]),
+    /// through which the object store can be slowed, refused or cut off.
+    pub async fn start_presigning_through_proxy(
+        dir: &Path,
+        host: IpAddr,
+        expiry: Duration,
+    ) -> Result<Self> {
+        Self::start_with(dir, host, None, Storage::PostgresS3, Some(expiry)).await
+    }
+
+    async fn start_with(
+        dir: &Path,
+        host: IpAddr,
+        tls: Option<&Pair>,
+        storage: Storage,
+        proxied_expiry: Option<Duration>,
+    ) -> Result<Self> {
         let binary = obtain("lakefs")?;
         let port = free_port()?;
         let home = dir.join("lakefs");
@@ -334,14 +359,27 @@ impl LakeFs {
                 (Some(postgres?), Some(store?))
             }
         };
+        let object_store_proxy = match (&object_store, proxied_expiry) {
+            (Some(store), Some(_)) => Some(FaultProxy::start_keeping_host(&store.endpoint).await?),
+            _ => None,
+        };
+        let expiry = proxied_expiry
+            .unwrap_or(Duration::from_secs(900))
+            .as_secs()
+            .max(1);
         let stores = match (&postgres, &object_store) {
             (Some(postgres), Some(store)) => format!(
                 "database: {{type: postgres, postgres: {{connection_string: \"{}\"}}}}\n\
                  blockstore: {{type: s3, s3: {{endpoint: \"{}\", force_path_style: true, \
-                 region: us-east-1, discover_bucket_region: false, pre_signed_expiry: 15m, \
+                 region: us-east-1, discover_bucket_region: false, pre_signed_expiry: {expiry}s, \
+                 pre_signed_endpoint: \"{}\", \
                  credentials: {{access_key_id: \"{S3_ACCESS_KEY_ID}\", \
                  secret_access_key: \"{S3_SECRET_ACCESS_KEY}\"}}}}}}\n",
-                postgres.url, store.endpoint
+                postgres.url,
+                store.endpoint,
+                object_store_proxy
+                    .as_ref()
+                    .map_or(&store.endpoint, |p| &p.url),
             ),
             _ => format!(
                 "database: {{type: local, local: {{path: \"{home}/kv\", sync_writes: false}}}}\n\
@@ -398,8 +436,9 @@ ui: {{enabled: false}}
             endpoint,
             storage,
             object_store,
+            object_store_proxy,
             _process: process,
-            _postgres: postgres,
+            postgres,
         })
     }
 
@@ -414,6 +453,9 @@ ui: {{enabled: false}}
     /// The hosts presigned URLs point at, as a sidecar's `PERAGO_LAKEFS_OBJECT_STORE_HOSTS`
     /// takes them; empty on the embedded storage, which cannot presign.
     pub fn object_store_hosts(&self) -> String {
+        if let Some(proxy) = &self.object_store_proxy {
+            return proxy.url.trim_start_matches("http://").to_owned();
+        }
         self.object_store
             .as_ref()
             .map_or(String::new(), |s| s.authority.clone())

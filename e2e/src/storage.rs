@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -51,9 +52,12 @@ impl Storage {
 pub struct Postgres {
     /// `postgres://…` of the `postgres` database, for lakeFS's `connection_string`.
     pub url: String,
-    pub port: u16,
+    command: Mutex<Option<Command>>,
+    log: PathBuf,
+    host: IpAddr,
+    port: u16,
     // The server stops before its directory goes.
-    _process: ServerProcess,
+    process: Mutex<Option<ServerProcess>>,
     _data: tempfile::TempDir,
 }
 
@@ -94,6 +98,19 @@ fn as_server_user(program: &Path, data: &Path) -> Result<Command> {
     Ok(command)
 }
 
+/// A command again, with the same program, arguments and environment.
+fn copy_of(command: &Command) -> Command {
+    let mut copy = Command::new(command.get_program());
+    copy.args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => copy.env(key, value),
+            None => copy.env_remove(key),
+        };
+    }
+    copy
+}
+
 impl Postgres {
     pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
         let bin = postgres_bin()?;
@@ -130,24 +147,58 @@ impl Postgres {
             .arg("-D")
             .arg(&cluster)
             .args(["-h", &host.to_string(), "-p", &port.to_string()])
-            // No socket file: TCP only. Durability buys nothing for a throwaway server.
+            // No socket file: TCP only. A commit is written to the kernel before it is
+            // answered (synchronous_commit stays on), so a crash of the server loses nothing
+            // it confirmed; only the machine's own crash could, which no test makes, so nothing
+            // is synced to the disk.
             .args(["-c", "unix_socket_directories=", "-c", "fsync=off"])
-            .args(["-c", "synchronous_commit=off", "-c", "full_page_writes=off"]);
-        let mut process = ServerProcess::spawn("postgres", &mut command, dir.join("postgres.log"))?;
-        wait_ready(&mut process, Duration::from_secs(60), || async move {
-            tokio::net::TcpStream::connect((host, port)).await.is_ok()
-        })
-        .await?;
+            .args(["-c", "full_page_writes=off"]);
+        let postgres = Self {
+            url: format!("postgres://perago@{host}:{port}/postgres?sslmode=disable"),
+            command: Mutex::new(Some(command)),
+            log: dir.join("postgres.log"),
+            host,
+            port,
+            process: Mutex::new(None),
+            _data: data,
+        };
+        postgres.serve().await?;
         eprintln!(
             "[e2e] postgres ready on {host}:{port} in {:.1?}",
             started.elapsed()
         );
-        Ok(Self {
-            url: format!("postgres://perago@{host}:{port}/postgres?sslmode=disable"),
-            port,
-            _process: process,
-            _data: data,
+        Ok(postgres)
+    }
+
+    /// Start the server on its data and wait until it takes connections.
+    async fn serve(&self) -> Result<()> {
+        let mut command = {
+            let guard = self.command.lock().unwrap_or_else(PoisonError::into_inner);
+            copy_of(guard.as_ref().context("no PostgreSQL command")?)
+        };
+        let mut process = ServerProcess::spawn("postgres", &mut command, self.log.clone())?;
+        let (host, port) = (self.host, self.port);
+        wait_ready(&mut process, Duration::from_secs(60), || async move {
+            tokio::net::TcpStream::connect((host, port)).await.is_ok()
         })
+        .await?;
+        *self.process.lock().unwrap_or_else(PoisonError::into_inner) = Some(process);
+        Ok(())
+    }
+
+    /// Kill the server at once (SIGKILL: a crash, every connection cut), leave it down for
+    /// `down`, and start it again on the same data and port.
+    pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
+        let process = self
+            .process
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(process) = process {
+            process.kill();
+        }
+        tokio::time::sleep(down).await;
+        self.serve().await
     }
 }
 

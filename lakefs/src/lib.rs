@@ -2,7 +2,7 @@
 //! name the call, the repository and the ref, then the cause: never the request URL (its
 //! query can hold a whole object key), and a ref longer than [`REF_MAX`] characters is
 //! shortened, so the cause survives the cut of a failure reason. Idempotent calls are retried
-//! on transient answers (connection errors, 429, 503, and 500 "locked"); commits and merges
+//! on transient answers (connection errors, 429 and every 5xx); commits and merges
 //! never are, except a merge lakeFS refused outright (see [`LakeFsError::merge_refused`]),
 //! which the attempt tries again within its merge budget.
 
@@ -242,12 +242,10 @@ impl LakeFsError {
     fn transient(&self) -> bool {
         match self {
             Self::Transport { .. } => true,
-            Self::Status {
-                status, message, ..
-            } => {
-                *status == StatusCode::TOO_MANY_REQUESTS
-                    || *status == StatusCode::SERVICE_UNAVAILABLE
-                    || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked"))
+            // Any 5xx, as the AWS SDKs classify them: lakeFS answers 500 when its database
+            // does not (a restart, a failover), and a repeated read or upload is harmless.
+            Self::Status { status, .. } => {
+                *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
             }
             Self::Decode { .. } | Self::UnexpectedHost { .. } => false,
             Self::ObjectStore { status, .. } => {
@@ -679,7 +677,7 @@ impl LakeFsClient {
                 // A URL that expired before its turn came (a long download): asked again once.
                 Err(e) if e.store_status() == Some(StatusCode::FORBIDDEN) && !renewed => {
                     renewed = true;
-                    tracing::debug!(error = %e, "the object store refused a presigned URL; asking lakeFS for a new one");
+                    tracing::info!(error = %e, "the object store refused a presigned download URL (expired?); asking lakeFS for a new one");
                     let fresh = self.stat_presigned(repository, reference, key).await?;
                     let Some(fresh) = fresh.presigned_url() else {
                         return Err(e);
@@ -935,7 +933,7 @@ impl LakeFsClient {
                 }
                 Err(e) if e.store_status() == Some(StatusCode::FORBIDDEN) && !renewed => {
                     renewed = true;
-                    tracing::debug!(error = %e, "the object store refused a presigned upload URL; asking lakeFS for a new one");
+                    tracing::info!(error = %e, "the object store refused a presigned upload URL (expired?); asking lakeFS for a new one");
                 }
                 Err(e) => return Err(e),
             }
@@ -1429,7 +1427,11 @@ mod tests {
         assert!(status(429, "").transient());
         assert!(status(503, "").transient());
         assert!(status(500, "branch is currently locked, try again later").transient());
-        assert!(!status(500, "boom").transient());
+        assert!(
+            status(500, "postgres get: unexpected EOF").transient(),
+            "lakeFS's database was away"
+        );
+        assert!(status(502, "").transient());
         assert!(!status(404, "").transient());
         assert_eq!(
             status(404, "branch not found").to_string(),

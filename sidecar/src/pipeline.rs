@@ -637,11 +637,31 @@ fn still_current(polled: &AttemptSnapshot, fresh: &AttemptSnapshot, worker_id: &
         && (polled.poll_count.is_none() || fresh.poll_count == polled.poll_count)
 }
 
-/// Cleanup (the cancel phase, docs/design.md#phases): a failure is logged and never changes the outcome.
+/// Cleanup (the cancel phase, docs/design.md#phases): a failure is logged and never changes
+/// the outcome. The branch is then removed in the background, tried again for about a minute
+/// (a lakeFS outage at this moment should not leave it until the periodic sweep).
 async fn remove_staging_branch(rt: &WorkspaceRuntime, repository: &str, branch: &str) {
-    if let Err(e) = rt.lakefs.delete_branch(repository, branch).await {
-        warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace");
-    }
+    let Err(e) = rt.lakefs.delete_branch(repository, branch).await else {
+        return;
+    };
+    warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace; trying again in the background");
+    let (lakefs, repository, branch) =
+        (rt.lakefs.clone(), repository.to_owned(), branch.to_owned());
+    tokio::spawn(async move {
+        for delay in [2, 4, 8, 16, 30] {
+            tokio::time::sleep(Duration::from_secs(delay)).await;
+            match lakefs.delete_branch(&repository, &branch).await {
+                Ok(()) => {
+                    info!(staging_branch = %branch, "removed the staging workspace on a later try");
+                    return;
+                }
+                Err(e) => {
+                    warn!(staging_branch = %branch, error = %e, "failed to clean staging workspace again")
+                }
+            }
+        }
+        warn!(staging_branch = %branch, "the staging workspace stays for the periodic sweep");
+    });
 }
 
 /// Testing only: exit at once if this crash point was asked for (`PERAGO_FAULT`).

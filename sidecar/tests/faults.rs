@@ -66,10 +66,16 @@ printf '{"files": 2}' > "$PERAGO_RESULT"
 struct Setup {
     slots: u32,
     retries: u32,
+    /// Conductor's delay before each retry (seconds).
+    retry_delay: u32,
     response_seconds: u32,
     body: String,
     /// Files of the input commit besides `data/seed.txt`.
     seed: Vec<(String, String)>,
+    /// lakeFS of its own on PostgreSQL and s3proxy, its presigned URLs expiring after this
+    /// long and pointing at a fault proxy in front of the object store; the pod takes the
+    /// presigned data path. `None`: the binary's shared lakeFS, proxied.
+    presigned: Option<Duration>,
 }
 
 impl Default for Setup {
@@ -77,9 +83,11 @@ impl Default for Setup {
         Self {
             slots: 2,
             retries: 3,
+            retry_delay: 0,
             response_seconds: 10,
             body: BODY.into(),
             seed: Vec::new(),
+            presigned: None,
         }
     }
 }
@@ -98,6 +106,9 @@ struct Rig {
     /// What a replacement pod is started with.
     contract: Value,
     body: String,
+    extra_env: Vec<(&'static str, String)>,
+    /// The lakeFS of a presigned setup (dropped after the pod and the proxies).
+    own_lakefs: Option<(perago_e2e::services::LakeFs, tempfile::TempDir)>,
 }
 
 impl Rig {
@@ -117,9 +128,11 @@ impl Rig {
         let Setup {
             slots,
             retries,
+            retry_delay,
             response_seconds,
             body,
             seed,
+            presigned,
         } = setup;
         let yaml = format!(
             r#"
@@ -132,7 +145,7 @@ spec:
   workspace: {{prefix: /data}}
   paramsSchema: {{type: object}}
   resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
-  controls: {{retry: {{count: {retries}, delaySeconds: 0}}, timeout: {{responseSeconds: {response_seconds}}}}}
+  controls: {{retry: {{count: {retries}, delaySeconds: {retry_delay}}}, timeout: {{responseSeconds: {response_seconds}}}}}
   executor: {{body: {{image: body, command: [sh]}}, slots: {slots}}}
 "#
         );
@@ -148,17 +161,40 @@ spec:
         let conductor = FaultProxy::start(&services.conductor().api_url)
             .await
             .unwrap();
-        let lakefs = FaultProxy::start(&services.lakefs().endpoint)
-            .await
-            .unwrap();
-        let pod = start_pod(&conductor, &lakefs, &contract, &body).await;
-        let lake = Lake::of(services.lakefs());
+        let own_lakefs = match presigned {
+            None => None,
+            Some(expiry) => {
+                let dir = tempfile::Builder::new()
+                    .prefix("perago-faults-s3-")
+                    .tempdir()
+                    .unwrap();
+                let lakefs = perago_e2e::services::LakeFs::start_presigning_through_proxy(
+                    dir.path(),
+                    std::net::Ipv4Addr::LOCALHOST.into(),
+                    expiry,
+                )
+                .await
+                .unwrap();
+                Some((lakefs, dir))
+            }
+        };
+        let target = own_lakefs.as_ref().map_or(services.lakefs(), |(l, _)| l);
+        let lakefs = FaultProxy::start(&target.endpoint).await.unwrap();
+        let extra_env = match &own_lakefs {
+            Some((l, _)) => vec![
+                ("PERAGO_LAKEFS_DATA_PATH", "presigned".to_owned()),
+                ("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", l.object_store_hosts()),
+            ],
+            None => Vec::new(),
+        };
+        let pod = start_pod(&conductor, &lakefs, &contract, &body, &extra_env).await;
+        let lake = Lake::of(target);
         let repository = format!("{}-{}", task.replace('.', "-"), std::process::id());
         let mut files = vec![("data/seed.txt", "seed")];
         files.extend(seed.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let input = lake.seed(&repository, &files).await.unwrap();
         let client = LakeFsClient::new(
-            &services.lakefs().endpoint,
+            &target.endpoint,
             LAKEFS_ACCESS_KEY_ID,
             LAKEFS_SECRET_ACCESS_KEY,
             Duration::from_secs(30),
@@ -176,7 +212,35 @@ spec:
             pod,
             contract,
             body,
+            extra_env,
+            own_lakefs,
         }
+    }
+
+    /// The fault proxy in front of the object store, in a presigned setup.
+    fn store(&self) -> Option<&FaultProxy> {
+        self.own_lakefs
+            .as_ref()
+            .and_then(|(l, _)| l.object_store_proxy.as_ref())
+    }
+
+    /// Every proxy of the rig.
+    fn proxies(&self) -> Vec<&FaultProxy> {
+        let mut all = vec![&self.conductor, &self.lakefs];
+        all.extend(self.store());
+        all
+    }
+
+    /// Faults applied by every proxy since they were last cleared; then clears them.
+    fn clear_faults(&self) -> usize {
+        self.proxies()
+            .iter()
+            .map(|p| {
+                let n = p.faulted().len();
+                p.clear();
+                n
+            })
+            .sum()
     }
 
     /// SIGKILL the pod's sidecar (its runner, re-parented, exits) and start a new pod in its
@@ -188,7 +252,14 @@ spec:
         )
         .unwrap();
         let _ = self.pod.child.wait().await;
-        self.pod = start_pod(&self.conductor, &self.lakefs, &self.contract, &self.body).await;
+        self.pod = start_pod(
+            &self.conductor,
+            &self.lakefs,
+            &self.contract,
+            &self.body,
+            &self.extra_env,
+        )
+        .await;
     }
 
     /// A workflow on a branch of its own, made from the input commit.
@@ -238,6 +309,7 @@ async fn start_pod(
     lakefs: &FaultProxy,
     contract: &Value,
     body: &str,
+    extra_env: &[(&'static str, String)],
 ) -> Pod {
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     let env = [
@@ -251,6 +323,8 @@ async fn start_pod(
         ("PERAGO_LAKEFS_TIMEOUT_SECONDS", "5"),
         ("PERAGO_TRANSFER_TIMEOUT_SECONDS", "10"),
     ];
+    let mut env = env.to_vec();
+    env.extend(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
     Pod::start(&bins, &conductor.url, contract, body, &env).await
 }
 
@@ -307,7 +381,7 @@ async fn scenario_with(
         let (id, branch) = rig.start(run).await;
         if let Heal::OutageOnHold(hold, outage) = heal {
             let started = Instant::now();
-            let proxies = [&rig.conductor, &rig.lakefs];
+            let proxies = rig.proxies();
             while !proxies.iter().any(|p| {
                 p.faulted()
                     .iter()
@@ -319,11 +393,11 @@ async fn scenario_with(
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            for proxy in proxies {
+            for proxy in &proxies {
                 proxy.inject(None, "", Fault::DropRequest, None);
             }
             tokio::time::sleep(outage).await;
-            for proxy in proxies {
+            for proxy in &proxies {
                 tally.faults_applied += proxy.faulted().len();
                 proxy.clear();
             }
@@ -337,10 +411,7 @@ async fn scenario_with(
                     .is_some_and(|s| !matches!(s, "SCHEDULED" | "IN_PROGRESS"));
                 if first_done || wf["status"] != "RUNNING" {
                     // The outage ends; the retry finds the servers again.
-                    tally.faults_applied +=
-                        rig.conductor.faulted().len() + rig.lakefs.faulted().len();
-                    rig.conductor.clear();
-                    rig.lakefs.clear();
+                    tally.faults_applied += rig.clear_faults();
                     break;
                 }
                 assert!(started.elapsed() < Duration::from_secs(90), "{name}: {wf}");
@@ -360,9 +431,7 @@ async fn scenario_with(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        tally.faults_applied += rig.conductor.faulted().len() + rig.lakefs.faulted().len();
-        rig.conductor.clear();
-        rig.lakefs.clear();
+        tally.faults_applied += rig.clear_faults();
         check_run(&rig, name, run, &wf, &branch, &mut tally, staging).await;
     }
     tally.print(name);
@@ -433,7 +502,9 @@ async fn check_run(
             tally.failed_attempts += 1;
             let reason = attempt["reasonForIncompletion"].as_str().unwrap_or("");
             assert!(
-                reason.contains("lakeFS ") || reason.contains("Conductor "),
+                reason.contains("lakeFS ")
+                    || reason.contains("Conductor ")
+                    || reason.contains("object store "),
                 "{name} run {run}: a FAILED reason that names no call: {reason:?}"
             );
         }
@@ -1178,4 +1249,209 @@ async fn foreign_commits_raced_into_the_fence_without_the_hard_fence() {
 async fn foreign_commits_raced_into_the_fence_with_the_hard_fence() {
     let race = race(true).await;
     assert_eq!(race.on_foreign_head, 0, "{race:?}");
+}
+
+/// A presigned setup: lakeFS of its own on PostgreSQL and s3proxy, URLs valid for `expiry`.
+fn presigned(expiry: Duration) -> Setup {
+    Setup {
+        presigned: Some(expiry),
+        ..Setup::default()
+    }
+}
+
+#[tokio::test]
+async fn the_object_store_slowing_down_is_retried_within_the_attempt() {
+    let (t, _) = scenario_with(
+        "object-store-slow-down",
+        runs_or(10),
+        presigned(Duration::from_secs(900)),
+        Staging::Now,
+        |rig| {
+            let store = rig.store().unwrap();
+            // The first transfer of each run is refused twice, as S3 throttles.
+            store.inject(None, "", Fault::S3Error(503, "SlowDown"), Some(2));
+        },
+        Heal::Never,
+    )
+    .await;
+    assert_eq!(t.faults_applied, 2 * t.runs, "{t:?}");
+    assert_eq!(t.failed_attempts, 0, "retried within the attempt: {t:?}");
+}
+
+#[tokio::test]
+async fn an_object_store_unreachable_while_lakefs_is_up_fails_the_attempt_and_the_retry_publishes()
+{
+    let (t, rig) = scenario_with(
+        "object-store-unreachable",
+        runs_or(10),
+        presigned(Duration::from_secs(900)),
+        Staging::Now,
+        |rig| {
+            rig.store()
+                .unwrap()
+                .inject(None, "", Fault::DropRequest, None)
+        },
+        Heal::AfterFirstAttempt,
+    )
+    .await;
+    assert_eq!(
+        t.failed_attempts, t.runs,
+        "each run's first attempt fails: {t:?}"
+    );
+    assert!(
+        rig.pod
+            .log()
+            .contains("object store get of 'data/seed.txt'"),
+        "the failure names the object store's call:\n{}",
+        rig.pod.log()
+    );
+}
+
+#[tokio::test]
+async fn a_presigned_url_that_expired_while_it_waited_is_asked_for_again() {
+    // URLs valid for 2 s; the first download and the first upload of each run reach the object
+    // store 3 s after lakeFS signed them.
+    let (t, rig) = scenario_with(
+        "presigned-url-expired",
+        runs_or(5),
+        Setup {
+            response_seconds: 30,
+            ..presigned(Duration::from_secs(2))
+        },
+        Staging::Now,
+        |rig| {
+            let store = rig.store().unwrap();
+            store.inject(
+                Some("GET"),
+                "",
+                Fault::Delay(Duration::from_secs(3)),
+                Some(1),
+            );
+            store.inject(
+                Some("PUT"),
+                "",
+                Fault::Delay(Duration::from_secs(3)),
+                Some(1),
+            );
+        },
+        Heal::Never,
+    )
+    .await;
+    assert_eq!(t.faults_applied, 2 * t.runs, "{t:?}");
+    assert_eq!(
+        t.failed_attempts, 0,
+        "a fresh URL, within the attempt: {t:?}"
+    );
+    let log = rig.pod.log();
+    let renewed = |what: &str| {
+        log.matches(&format!("refused a presigned {what} URL"))
+            .count()
+    };
+    assert_eq!(
+        (renewed("download"), renewed("upload")),
+        (t.runs, t.runs),
+        "the object store refused each late URL and each was presigned again:\n{log}"
+    );
+    assert!(log.contains("AccessDenied"), "{log}");
+}
+
+#[tokio::test]
+async fn a_link_refused_because_the_staging_branch_is_gone_fails_the_attempt_and_the_retry_publishes_once()
+ {
+    let name = "link-refused";
+    let rig = Rig::with(
+        &format!("faults.{name}"),
+        Setup {
+            response_seconds: 30,
+            ..presigned(Duration::from_secs(900))
+        },
+    )
+    .await;
+    let mut tally = Tally::default();
+    for run in 0..runs_or(5) {
+        rig.lakefs.inject(
+            Some("PUT"),
+            "/staging/backing",
+            Fault::Hold("link".into()),
+            Some(1),
+        );
+        let (id, branch) = rig.start(run).await;
+        let started = Instant::now();
+        while !rig.lakefs.held("link") {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{name}: no link"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The bytes are in the object store; the branch they were to be linked into goes.
+        let staging = staging_branches(&rig).await;
+        let gone = staging["results"][0]["id"].as_str().unwrap().to_owned();
+        rig.client
+            .delete_branch(&rig.repository, &gone)
+            .await
+            .unwrap();
+        rig.lakefs.release("link");
+        let wf = rig.finished(&id).await;
+        tally.faults_applied += rig.clear_faults();
+        let first = &wf["tasks"][0];
+        assert_eq!(first["status"], "FAILED", "{name} run {run}: {wf}");
+        let reason = first["reasonForIncompletion"].as_str().unwrap();
+        assert!(reason.contains("lakeFS link object on"), "{reason}");
+        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Now).await;
+    }
+    tally.print(name);
+    assert_eq!(tally.failed_attempts, tally.runs);
+}
+
+#[tokio::test]
+async fn postgresql_crashing_mid_merge_loses_nothing_and_publishes_once() {
+    let name = "postgres-crash-mid-merge";
+    let rig = Rig::with(
+        &format!("faults.{name}"),
+        // Retried 3 s apart, as a production task would be: no retry waits out the outage.
+        Setup {
+            response_seconds: 30,
+            retry_delay: 3,
+            ..presigned(Duration::from_secs(900))
+        },
+    )
+    .await;
+    let postgres = rig
+        .own_lakefs
+        .as_ref()
+        .and_then(|(l, _)| l.postgres.as_ref())
+        .unwrap();
+    let mut tally = Tally::default();
+    for run in 0..runs_or(5) {
+        rig.lakefs.inject(
+            Some("POST"),
+            "/merge/",
+            Fault::Hold("merge".into()),
+            Some(1),
+        );
+        let (id, branch) = rig.start(run).await;
+        let started = Instant::now();
+        while !rig.lakefs.held("merge") {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{name}: no merge"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // lakeFS's database crashes, the merge reaches lakeFS while it is down, and it is
+        // back a second later.
+        let restart = postgres.crash_and_restart(Duration::from_secs(1));
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            rig.lakefs.release("merge");
+        };
+        let (restarted, ()) = tokio::join!(restart, release);
+        restarted.unwrap();
+        let wf = rig.finished(&id).await;
+        tally.faults_applied += rig.clear_faults();
+        // A cleanup refused while the database was down is tried again in the background.
+        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Settled).await;
+    }
+    tally.print(name);
 }
