@@ -34,6 +34,9 @@ pub enum Fault {
     S3Error(u16, &'static str),
     /// Forward the request but cut its body after this many bytes, then close.
     ResetUpload { after: usize },
+    /// Forward the request with the byte at this offset of its body changed (a transfer
+    /// that corrupts data without breaking it).
+    CorruptUpload { at: usize },
     /// Forward, pass the answer's headers and this many bytes of its body, then reset.
     ResetDownload { after: usize },
     /// Forward after this delay.
@@ -58,6 +61,7 @@ impl Fault {
             Fault::Status(code) => format!("status-{code}"),
             Fault::S3Error(status, code) => format!("s3-{status}-{code}"),
             Fault::ResetUpload { after } => format!("reset-upload-after-{after}"),
+            Fault::CorruptUpload { at } => format!("corrupt-upload-at-{at}"),
             Fault::ResetDownload { after } => format!("reset-download-after-{after}"),
             Fault::Delay(d) => format!("delay-{}ms", d.as_millis()),
             Fault::Hold(name) => format!("hold-{name}"),
@@ -416,6 +420,7 @@ async fn exchange(
     };
     let upload = match fault {
         Some(Fault::ResetUpload { after }) => cut(upload, after).boxed(),
+        Some(Fault::CorruptUpload { at }) => corrupt(upload, at).boxed(),
         _ => upload,
     };
     let answer = forward
@@ -455,6 +460,25 @@ fn full(text: String) -> ProxyBody {
 }
 
 /// `stream`'s first `after` bytes, then an error (which resets the connection).
+/// `stream` with the byte at offset `at` flipped (unchanged when it is shorter).
+fn corrupt(
+    stream: impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+    at: usize,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    let mut offset = 0usize;
+    stream.map_ok(move |chunk| {
+        let start = offset;
+        offset += chunk.len();
+        if (start..offset).contains(&at) {
+            let mut bytes = chunk.to_vec();
+            bytes[at - start] ^= 0xff;
+            Bytes::from(bytes)
+        } else {
+            chunk
+        }
+    })
+}
+
 fn cut(
     stream: impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
     after: usize,

@@ -827,7 +827,8 @@ impl LakeFsClient {
     }
 
     /// Upload a local file as `key`, streaming it; retried (the bytes are the same each time).
-    /// With the direct data path the bytes go to the object store and the address is linked.
+    /// With the direct data path the bytes of a file of [`direct::PRESIGNED_UPLOAD_MIN`] or
+    /// more go to the object store and the address is linked.
     pub async fn upload(
         &self,
         repository: &str,
@@ -837,9 +838,14 @@ impl LakeFsClient {
         timeout: Duration,
     ) -> Result<ObjectEntry, LakeFsError> {
         if let Some(hosts) = self.direct.get() {
-            return self
-                .upload_direct(hosts, repository, branch, key, file, timeout)
-                .await;
+            let small = tokio::fs::metadata(file)
+                .await
+                .is_ok_and(|m| m.len() < direct::PRESIGNED_UPLOAD_MIN);
+            if !small {
+                return self
+                    .upload_direct(hosts, repository, branch, key, file, timeout)
+                    .await;
+            }
         }
         let call = Call::new("upload object", repository, branch);
         let path = format!(
@@ -1000,6 +1006,11 @@ impl LakeFsClient {
         })
         .retry(retries())
         .when(|e| matches!(e, Upload::Refused(e) if e.transient()))
+        .notify(|e, _| {
+            if let Upload::Refused(e) = e {
+                tracing::warn!(error = %e, "putting the object again");
+            }
+        })
         .await;
         sent.map_err(|(Upload::Unreadable(e) | Upload::Refused(e))| e)
     }

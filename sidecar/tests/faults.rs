@@ -1,7 +1,8 @@
 //! The world around the sidecar broken on purpose, many times: a local pod reaches the real
-//! Conductor and lakeFS through the harness's fault-injecting proxies, each scenario runs
-//! `PERAGO_FAULT_RUNS` (20) workflows, and after each the history checker explains the
-//! branch. Whatever the proxy does: every workflow ends COMPLETED (the retries are allowed to
+//! Conductor and lakeFS (and, on the presigned path, the object store) through the harness's
+//! fault-injecting proxies, each scenario runs `PERAGO_FAULT_RUNS` (20, fewer for the slow
+//! ones; `PERAGO_FAULT_SCALE` percent of that) workflows, and after each the history checker
+//! explains the branch. Whatever the proxy does: every workflow ends COMPLETED (the retries are allowed to
 //! fail), exactly one publication stands per workflow, no staging branch is left, and every
 //! FAILED attempt's reason names the call that failed.
 
@@ -32,12 +33,17 @@ fn runs() -> usize {
     runs_or(20)
 }
 
-/// `PERAGO_FAULT_RUNS`, else `default` (fewer for the scenarios that wait out an outage).
+/// `PERAGO_FAULT_RUNS`, else `default` (fewer for the scenarios that wait out an outage)
+/// times `PERAGO_FAULT_SCALE` percent (default 100; CI runs half), rounded up.
 fn runs_or(default: usize) -> usize {
-    std::env::var("PERAGO_FAULT_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    let number = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    number("PERAGO_FAULT_RUNS")
+        .unwrap_or_else(|| (default * number("PERAGO_FAULT_SCALE").unwrap_or(100)).div_ceil(100))
+        .max(1)
 }
 
 /// When a scenario's outage ends within a run.
@@ -1276,6 +1282,43 @@ async fn the_object_store_slowing_down_is_retried_within_the_attempt() {
     .await;
     assert_eq!(t.faults_applied, 2 * t.runs, "{t:?}");
     assert_eq!(t.failed_attempts, 0, "retried within the attempt: {t:?}");
+}
+
+#[tokio::test]
+async fn an_upload_the_object_store_stored_corrupted_is_never_linked() {
+    let (t, rig) = scenario_with(
+        "object-store-corrupt-upload",
+        runs_or(10),
+        presigned(Duration::from_secs(900)),
+        Staging::Now,
+        // One byte of the first upload of each run changed on its way to the object store.
+        |rig| {
+            let store = rig.store().unwrap();
+            store.inject(Some("PUT"), "", Fault::CorruptUpload { at: 10 }, Some(1));
+        },
+        Heal::Never,
+    )
+    .await;
+    assert_eq!(t.faults_applied, t.runs, "{t:?}");
+    assert_eq!(t.failed_attempts, 0, "put again within the attempt: {t:?}");
+    let log = rig.pod.log();
+    assert_eq!(
+        log.matches("; not linked").count(),
+        t.runs,
+        "each corrupted upload was seen and not linked:\n{log}"
+    );
+    // What each run published is the body's bytes (the corrupted copy never made it in).
+    for run in 0..t.runs {
+        let big = rig
+            .lake
+            .object(&rig.repository, &format!("run-{run:03}"), "data/big.txt")
+            .await
+            .unwrap();
+        assert!(
+            big.len() == 200_000 && big.bytes().all(|b| b == b'x'),
+            "run {run}"
+        );
+    }
 }
 
 #[tokio::test]
