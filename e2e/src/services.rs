@@ -924,3 +924,24 @@ impl Services {
         self.node.as_ref().expect("the node was not selected")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_selection_names_its_servers_and_lakefs_storage() {
+        let s = Selection::parse("conductor, s3").unwrap();
+        assert!(s.conductor && s.lakefs && !s.kube && !s.node);
+        assert_eq!(s.storage, Storage::PostgresS3);
+        let s = Selection::parse("all").unwrap();
+        assert!(s.node && s.kube && s.lakefs);
+        assert_eq!(s.storage, Storage::Embedded);
+        assert!(
+            Selection::parse("lakefs,minio")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown service 'minio'")
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! `perago-e2e up [--services all|conductor,lakefs,kube,node] [--env-file FILE]`
+//! `perago-e2e up [--services all|conductor,lakefs,kube,node,s3] [--env-file FILE]`
 //!
 //! Starts the real servers, prints (and optionally writes) the environment a client needs,
 //! and keeps them running until interrupted (Ctrl-C or SIGTERM), then stops them all.
