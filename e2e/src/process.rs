@@ -74,6 +74,22 @@ pub fn remove_after_exit(dir: &Path) -> Result<Child> {
         .with_context(|| format!("starting the janitor of {}", dir.display()))
 }
 
+/// A command again: the same program, arguments, environment and directory.
+pub(crate) fn copy_of(command: &Command) -> Command {
+    let mut copy = Command::new(command.get_program());
+    copy.args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => copy.env(key, value),
+            None => copy.env_remove(key),
+        };
+    }
+    if let Some(dir) = command.get_current_dir() {
+        copy.current_dir(dir);
+    }
+    copy
+}
+
 /// A server process. It runs under `e2e/bin/watchdog`, which stops it when this process dies
 /// in any way; dropping the handle stops it at once.
 pub struct ServerProcess {

@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -40,9 +41,49 @@ pub struct Conductor {
     /// API base URL including `/api`.
     pub api_url: String,
     pub version: String,
+    /// The server's command and directory, to start it again ([`Conductor::crash_and_restart`]).
+    command: Command,
+    dir: PathBuf,
+    base: String,
     // Dropped in this order: the server stops before its database goes.
-    _process: ServerProcess,
+    process: std::sync::Mutex<Option<ServerProcess>>,
     _database: Option<tempfile::TempDir>,
+    _postgres: Option<Arc<Postgres>>,
+}
+
+impl Conductor {
+    /// Kill the server at once (SIGKILL: a crash, every call in flight cut), leave it down for
+    /// `down`, and start it again on the same state and port; waits until it is healthy.
+    /// Only a Conductor on PostgreSQL keeps its workflows and queues through this (SQLite's
+    /// database is in memory).
+    pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
+        let process = self
+            .process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(process) = process {
+            tokio::task::spawn_blocking(move || process.kill()).await?;
+        }
+        tokio::time::sleep(down).await;
+        let mut command = crate::process::copy_of(&self.command);
+        let (process, took) =
+            spawn_healthy("conductor", &mut command, &self.dir, &self.base).await?;
+        eprintln!("[e2e] conductor restarted on {} in {took:.1?}", self.base);
+        *self
+            .process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(process);
+        Ok(())
+    }
+}
+
+/// Where a Conductor keeps its state.
+enum ConductorStore<'a> {
+    /// SQLite files in this directory.
+    Sqlite(&'a Path),
+    /// This JDBC URL of a PostgreSQL database.
+    Postgres(&'a str),
 }
 
 /// The Java runtime for Conductor 3.32 (Java 21 bytecode): `PERAGO_JAVA`, else a JDK 21+
@@ -76,6 +117,25 @@ impl Conductor {
     /// A Conductor with its files in `dir`, serving HTTPS with `tls` (a certificate and its
     /// key, PEM) when given.
     pub async fn start_serving(dir: &Path, host: IpAddr, tls: Option<&Pair>) -> Result<Self> {
+        Self::start_with(dir, host, tls, None).await
+    }
+
+    /// A Conductor whose workflows, queues and index live in a database of `postgres`, so that
+    /// a restarted server keeps them.
+    pub async fn start_on_postgres(
+        dir: &Path,
+        host: IpAddr,
+        postgres: Arc<Postgres>,
+    ) -> Result<Self> {
+        Self::start_with(dir, host, None, Some(postgres)).await
+    }
+
+    async fn start_with(
+        dir: &Path,
+        host: IpAddr,
+        tls: Option<&Pair>,
+        postgres: Option<Arc<Postgres>>,
+    ) -> Result<Self> {
         let jar = obtain("conductor")?;
         let java = java()?;
         let options: Vec<String> = class_archive(&java, &jar, dir)
@@ -88,10 +148,16 @@ impl Conductor {
                 ]
             })
             .unwrap_or_default();
-        let database = database_in_memory()?;
-        let database_dir = database.as_ref().map_or(dir, |d| d.path());
+        let (database, jdbc) = match &postgres {
+            Some(postgres) => (None, Some(postgres.database("conductor").await?)),
+            None => (database_in_memory()?, None),
+        };
+        let store = match &jdbc {
+            Some(url) => ConductorStore::Postgres(url),
+            None => ConductorStore::Sqlite(database.as_ref().map_or(dir, |d| d.path())),
+        };
         let port = free_port()?;
-        let mut cmd = conductor_command(&java, &jar, dir, database_dir, host, port, &options)?;
+        let mut cmd = conductor_command(&java, &jar, dir, store, host, port, &options)?;
         let scheme = match tls {
             Some(pair) => {
                 cmd.arg("--server.ssl.enabled=true")
@@ -117,12 +183,21 @@ impl Conductor {
             .text()
             .await
             .unwrap_or_default();
-        eprintln!("[e2e] conductor {version} ready on {base} in {took:.1?}");
+        let on = if postgres.is_some() {
+            " (PostgreSQL)"
+        } else {
+            ""
+        };
+        eprintln!("[e2e] conductor {version}{on} ready on {base} in {took:.1?}");
         Ok(Self {
             api_url: format!("{base}/api"),
             version,
-            _process: process,
+            command: cmd,
+            dir: dir.to_owned(),
+            base,
+            process: std::sync::Mutex::new(Some(process)),
             _database: database,
+            _postgres: postgres,
         })
     }
 }
@@ -146,13 +221,13 @@ fn database_in_memory() -> Result<Option<tempfile::TempDir>> {
     Ok(Some(database))
 }
 
-/// The command of a Conductor server with its files in `dir` and its SQLite database in
-/// `database_dir`, listening on `host:port`; `jvm_options` go before `-jar`.
+/// The command of a Conductor server with its files in `dir` and its state in `store`,
+/// listening on `host:port`; `jvm_options` go before `-jar`.
 fn conductor_command(
     java: &Path,
     jar: &Path,
     dir: &Path,
-    database_dir: &Path,
+    store: ConductorStore<'_>,
     host: IpAddr,
     port: u16,
     jvm_options: &[String],
@@ -174,22 +249,37 @@ fn conductor_command(
         .arg("-jar")
         .arg(jar)
         .arg(format!("--server.port={port}"))
-        .arg(format!("--server.address={host}"))
-        .arg(format!(
-            "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
-            database_dir.join("conductor.db").display()
-        ))
-        .args([
-            "--conductor.db.type=sqlite",
-            "--conductor.queue.type=sqlite",
-            "--conductor.indexing.type=sqlite",
-            "--conductor.app.ownerEmailMandatory=false",
-            "--conductor.app.taskExecutionPostponeDuration=1s",
-            "--conductor.app.sweeperThreadCount=1",
-            "--conductor.integrations.ai.enabled=false",
-            "--conductor.scheduler.enabled=false",
-            "--conductor.metrics-prometheus.enabled=false",
-        ]);
+        .arg(format!("--server.address={host}"));
+    match store {
+        ConductorStore::Sqlite(database_dir) => cmd
+            .arg(format!(
+                "--spring.datasource.url=jdbc:sqlite:{}?busy_timeout=15000&journal_mode=WAL",
+                database_dir.join("conductor.db").display()
+            ))
+            .args([
+                "--conductor.db.type=sqlite",
+                "--conductor.queue.type=sqlite",
+                "--conductor.indexing.type=sqlite",
+            ]),
+        ConductorStore::Postgres(url) => cmd.arg(format!("--spring.datasource.url={url}")).args([
+            "--spring.datasource.username=perago",
+            "--spring.datasource.password=",
+            "--conductor.db.type=postgres",
+            "--conductor.queue.type=postgres",
+            "--conductor.indexing.type=postgres",
+            "--conductor.elasticsearch.version=0",
+            // TaskDefs are cached for 60 s by default: tests register and use them at once.
+            "--conductor.postgres.taskDefCacheRefreshInterval=1s",
+        ]),
+    };
+    cmd.args([
+        "--conductor.app.ownerEmailMandatory=false",
+        "--conductor.app.taskExecutionPostponeDuration=1s",
+        "--conductor.app.sweeperThreadCount=1",
+        "--conductor.integrations.ai.enabled=false",
+        "--conductor.scheduler.enabled=false",
+        "--conductor.metrics-prometheus.enabled=false",
+    ]);
     Ok(cmd)
 }
 
@@ -265,7 +355,15 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
         "-XX:+VerifySharedSpaces".to_owned(),
         format!("-XX:ArchiveClassesAtExit={}", partial.display()),
     ];
-    let mut cmd = conductor_command(java, jar, dir, dir, host, port, &options)?;
+    let mut cmd = conductor_command(
+        java,
+        jar,
+        dir,
+        ConductorStore::Sqlite(dir),
+        host,
+        port,
+        &options,
+    )?;
     // The archive is written as the JVM exits: give it time to after the SIGTERM.
     cmd.env("PERAGO_WATCHDOG_GRACE_SECONDS", "120");
     let base = format!("http://{host}:{port}");
@@ -305,7 +403,7 @@ pub struct LakeFs {
     pub object_store_proxy: Option<FaultProxy>,
     // Dropped in this order: lakeFS stops before its stores.
     _process: ServerProcess,
-    pub postgres: Option<Postgres>,
+    pub postgres: Option<Arc<Postgres>>,
 }
 
 impl LakeFs {
@@ -326,7 +424,13 @@ impl LakeFs {
         tls: Option<&Pair>,
         storage: Storage,
     ) -> Result<Self> {
-        Self::start_with(dir, host, tls, storage, None).await
+        Self::start_with(dir, host, tls, storage, None, None).await
+    }
+
+    /// A lakeFS on PostgreSQL and the S3 server, its metadata in `postgres` (shared with a
+    /// Conductor).
+    pub async fn start_sharing(dir: &Path, host: IpAddr, postgres: Arc<Postgres>) -> Result<Self> {
+        Self::start_with(dir, host, None, Storage::PostgresS3, None, Some(postgres)).await
     }
 
     /// A lakeFS on PostgreSQL and the S3 server whose presigned URLs expire after `expiry`
@@ -337,7 +441,7 @@ impl LakeFs {
         host: IpAddr,
         expiry: Duration,
     ) -> Result<Self> {
-        Self::start_with(dir, host, None, Storage::PostgresS3, Some(expiry)).await
+        Self::start_with(dir, host, None, Storage::PostgresS3, Some(expiry), None).await
     }
 
     async fn start_with(
@@ -346,6 +450,7 @@ impl LakeFs {
         tls: Option<&Pair>,
         storage: Storage,
         proxied_expiry: Option<Duration>,
+        shared: Option<Arc<Postgres>>,
     ) -> Result<Self> {
         let binary = obtain("lakefs")?;
         let port = free_port()?;
@@ -354,8 +459,13 @@ impl LakeFs {
         let (postgres, object_store) = match storage {
             Storage::Embedded => (None, None),
             Storage::PostgresS3 => {
-                let (postgres, store) =
-                    tokio::join!(Postgres::start(dir, host), ObjectStore::start(dir, host));
+                let postgres = async {
+                    match shared {
+                        Some(postgres) => Ok(postgres),
+                        None => Postgres::start(dir, host).await.map(Arc::new),
+                    }
+                };
+                let (postgres, store) = tokio::join!(postgres, ObjectStore::start(dir, host));
                 (Some(postgres?), Some(store?))
             }
         };
@@ -811,23 +921,36 @@ impl Services {
             true => BRIDGE_IP.into(),
             false => LOOPBACK,
         };
+        let storage = match selection.storage {
+            Storage::Embedded => Storage::from_env()?,
+            chosen => chosen,
+        };
+        // On PostgreSQL and S3, Conductor keeps its state in the same PostgreSQL as lakeFS.
+        let postgres = match (storage, selection.lakefs) {
+            (Storage::PostgresS3, true) => Some(Arc::new(Postgres::start(path, host).await?)),
+            _ => None,
+        };
         let (conductor, lakefs, kube, containerd) = tokio::join!(
             async {
-                if selection.conductor {
-                    Conductor::start(path, host).await.map(Some)
-                } else {
-                    Ok(None)
+                match (selection.conductor, &postgres) {
+                    (false, _) => Ok(None),
+                    (true, None) => Conductor::start(path, host).await.map(Some),
+                    (true, Some(postgres)) => {
+                        Conductor::start_on_postgres(path, host, Arc::clone(postgres))
+                            .await
+                            .map(Some)
+                    }
                 }
             },
             async {
-                if selection.lakefs {
-                    let storage = match selection.storage {
-                        Storage::Embedded => Storage::from_env()?,
-                        chosen => chosen,
-                    };
-                    LakeFs::start_on(path, host, None, storage).await.map(Some)
-                } else {
-                    Ok(None)
+                match (selection.lakefs, &postgres) {
+                    (false, _) => Ok(None),
+                    (true, None) => LakeFs::start_on(path, host, None, storage).await.map(Some),
+                    (true, Some(postgres)) => {
+                        LakeFs::start_sharing(path, host, Arc::clone(postgres))
+                            .await
+                            .map(Some)
+                    }
                 }
             },
             async {

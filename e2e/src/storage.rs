@@ -4,8 +4,9 @@
 //! (Badger metadata, local blockstore) stays the default: it starts in a second and cannot
 //! presign.
 //!
-//! `PERAGO_E2E_STORAGE=s3` runs every suite's lakeFS on this profile; `perago-e2e up
-//! --services all,s3` starts it by hand.
+//! `PERAGO_E2E_STORAGE=s3` runs every suite's lakeFS on this profile, with Conductor keeping its
+//! workflows and queues in the same PostgreSQL; `perago-e2e up --services all,s3` starts it by
+//! hand.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ impl Storage {
 pub struct Postgres {
     /// `postgres://…` of the `postgres` database, for lakeFS's `connection_string`.
     pub url: String,
+    bin: PathBuf,
     command: Mutex<Option<Command>>,
     log: PathBuf,
     host: IpAddr,
@@ -98,19 +100,6 @@ fn as_server_user(program: &Path, data: &Path) -> Result<Command> {
     Ok(command)
 }
 
-/// A command again, with the same program, arguments and environment.
-fn copy_of(command: &Command) -> Command {
-    let mut copy = Command::new(command.get_program());
-    copy.args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => copy.env(key, value),
-            None => copy.env_remove(key),
-        };
-    }
-    copy
-}
-
 impl Postgres {
     pub async fn start(dir: &Path, host: IpAddr) -> Result<Self> {
         let bin = postgres_bin()?;
@@ -155,6 +144,7 @@ impl Postgres {
             .args(["-c", "full_page_writes=off"]);
         let postgres = Self {
             url: format!("postgres://perago@{host}:{port}/postgres?sslmode=disable"),
+            bin,
             command: Mutex::new(Some(command)),
             log: dir.join("postgres.log"),
             host,
@@ -174,7 +164,7 @@ impl Postgres {
     async fn serve(&self) -> Result<()> {
         let mut command = {
             let guard = self.command.lock().unwrap_or_else(PoisonError::into_inner);
-            copy_of(guard.as_ref().context("no PostgreSQL command")?)
+            crate::process::copy_of(guard.as_ref().context("no PostgreSQL command")?)
         };
         let mut process = ServerProcess::spawn("postgres", &mut command, self.log.clone())?;
         let (host, port) = (self.host, self.port);
@@ -184,6 +174,27 @@ impl Postgres {
         .await?;
         *self.process.lock().unwrap_or_else(PoisonError::into_inner) = Some(process);
         Ok(())
+    }
+
+    /// A new database `name` on this server; its JDBC URL.
+    pub async fn database(&self, name: &str) -> Result<String> {
+        let out = tokio::process::Command::new(self.bin.join("createdb"))
+            .args(["-h", &self.host.to_string(), "-p", &self.port.to_string()])
+            .args(["-U", "perago", name])
+            .output()
+            .await
+            .context("running createdb")?;
+        if !out.status.success() {
+            bail!(
+                "createdb {name} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(format!(
+            "jdbc:postgresql://{}:{}/{name}",
+            self.host, self.port
+        ))
     }
 
     /// Kill the server at once (SIGKILL: a crash, every connection cut), leave it down for

@@ -164,15 +164,19 @@ struct Case<'a> {
 }
 
 impl Case<'_> {
+    /// Each pod's seconds in each workspace phase so far.
+    async fn io_sums(&self) -> Vec<BTreeMap<String, f64>> {
+        futures_util::future::join_all(self.pods.iter().map(|p| p.metrics()))
+            .await
+            .iter()
+            .map(|m| io_sums(m))
+            .collect()
+    }
+
     /// One attempt on every pod at once.
     async fn run(&mut self, run: usize, case: &str) -> Run {
         let lake_before = lakefs_cpu();
-        let before: Vec<BTreeMap<String, f64>> =
-            futures_util::future::join_all(self.pods.iter().map(|p| p.metrics()))
-                .await
-                .iter()
-                .map(|m| io_sums(m))
-                .collect();
+        let before = self.io_sums().await;
         let mut trees: Vec<ProcessTree> = self
             .pods
             .iter()
@@ -214,12 +218,7 @@ impl Case<'_> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let wall_s = started.elapsed().as_secs_f64();
-        let after: Vec<BTreeMap<String, f64>> =
-            futures_util::future::join_all(self.pods.iter().map(|p| p.metrics()))
-                .await
-                .iter()
-                .map(|m| io_sums(m))
-                .collect();
+        let after = self.io_sums().await;
         let phase = |name: &str| {
             before
                 .iter()

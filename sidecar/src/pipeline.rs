@@ -16,6 +16,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use backon::Retryable;
+
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -413,10 +415,13 @@ impl Attempt<'_> {
                 cause,
             })
         };
-        let fresh = self
-            .broker
-            .conductor
-            .task(&polled.task_id)
+        // Conductor away for a moment (a restart) is waited for, as a report is: the fence
+        // only holds the attempt until Conductor can say whether it is still ours.
+        let conductor = &self.broker.conductor;
+        let fresh = (|| conductor.task(&polled.task_id))
+            .retry(crate::retry::report())
+            .when(perago_conductor::ConductorError::is_transient)
+            .notify(|e, _| warn!(error = %e, "reading the attempt for the attempt fence failed; trying again"))
             .await
             .map_err(|e| unreadable(e.to_string()))?;
         let fresh = AttemptSnapshot::from_task(&fresh).map_err(|e| unreadable(e.to_string()))?;
