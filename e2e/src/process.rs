@@ -172,6 +172,9 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        if matches!(self.watchdog.try_wait(), Ok(Some(_))) {
+            return; // already gone (killed)
+        }
         // SIGTERM lets the watchdog stop the server gracefully (then SIGKILL after 5 s).
         let _ = Command::new("kill")
             .arg("-TERM")

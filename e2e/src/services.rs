@@ -396,13 +396,16 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
 pub struct LakeFs {
     pub endpoint: String,
     pub storage: Storage,
+    /// The server's command and log, to start it again ([`LakeFs::crash_and_restart`]).
+    command: Command,
+    log: PathBuf,
+    // Dropped in this order: lakeFS stops before its stores.
+    process: std::sync::Mutex<Option<ServerProcess>>,
     /// The S3 server, on [`Storage::PostgresS3`].
     pub object_store: Option<ObjectStore>,
     /// The fault proxy the presigned URLs point at, when lakeFS was started behind one
     /// ([`LakeFs::start_presigning_through_proxy`]).
     pub object_store_proxy: Option<FaultProxy>,
-    // Dropped in this order: lakeFS stops before its stores.
-    _process: ServerProcess,
     pub postgres: Option<Arc<Postgres>>,
 }
 
@@ -521,22 +524,11 @@ ui: {{enabled: false}}
         )?;
         let mut cmd = Command::new(binary);
         cmd.arg("run").arg("-c").arg(&config).current_dir(&home);
-        let mut process = ServerProcess::spawn("lakefs", &mut cmd, dir.join("lakefs.log"))?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let endpoint = format!("{scheme}://{host}:{port}");
+        let log = dir.join("lakefs.log");
+        let (process, took) = serve_lakefs(&mut cmd, &log, &endpoint).await?;
         let client = http_client();
-        let took = wait_ready(&mut process, Duration::from_secs(60), || {
-            let client = client.clone();
-            let url = format!("{endpoint}/api/v1/healthcheck");
-            async move {
-                client
-                    .get(url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().as_u16() == 204)
-            }
-        })
-        .await?;
         if storage == Storage::PostgresS3 {
             // lakeFS sets its admin up by itself only on its embedded stores.
             setup_admin(&client, &endpoint).await?;
@@ -547,9 +539,33 @@ ui: {{enabled: false}}
             storage,
             object_store,
             object_store_proxy,
-            _process: process,
+            command: cmd,
+            log,
+            process: std::sync::Mutex::new(Some(process)),
             postgres,
         })
+    }
+
+    /// Kill the server at once (SIGKILL: a crash, every call in flight cut), leave it down for
+    /// `down`, and start it again on the same stores and port; waits until it is healthy.
+    pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
+        let process = self
+            .process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(process) = process {
+            tokio::task::spawn_blocking(move || process.kill()).await?;
+        }
+        tokio::time::sleep(down).await;
+        let mut command = crate::process::copy_of(&self.command);
+        let (process, took) = serve_lakefs(&mut command, &self.log, &self.endpoint).await?;
+        eprintln!("[e2e] lakefs restarted on {} in {took:.1?}", self.endpoint);
+        *self
+            .process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(process);
+        Ok(())
     }
 
     /// The storage namespace of a new repository `name`.
@@ -570,6 +586,22 @@ ui: {{enabled: false}}
             .as_ref()
             .map_or(String::new(), |s| s.authority.clone())
     }
+}
+
+/// Start lakeFS's command and wait until `endpoint` says it is healthy.
+async fn serve_lakefs(
+    command: &mut Command,
+    log: &Path,
+    endpoint: &str,
+) -> Result<(ServerProcess, Duration)> {
+    let mut process = ServerProcess::spawn("lakefs", command, log.to_owned())?;
+    let client = http_client();
+    let took = wait_ready(&mut process, Duration::from_secs(60), || {
+        let answer = client.get(format!("{endpoint}/api/v1/healthcheck")).send();
+        async move { answer.await.is_ok_and(|r| r.status().as_u16() == 204) }
+    })
+    .await?;
+    Ok((process, took))
 }
 
 /// The harness's admin key, set through lakeFS's setup call.

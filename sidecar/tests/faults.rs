@@ -1498,3 +1498,47 @@ async fn postgresql_crashing_mid_merge_loses_nothing_and_publishes_once() {
     }
     tally.print(name);
 }
+
+#[tokio::test]
+async fn lakefs_killed_mid_merge_and_mid_stage_loses_nothing_and_publishes_once() {
+    let name = "lakefs-killed";
+    // lakeFS's state is in PostgreSQL and the object store: a restarted lakeFS has it all.
+    let rig = Rig::with(
+        &format!("faults.{name}"),
+        Setup {
+            response_seconds: 30,
+            retry_delay: 3,
+            ..presigned(Duration::from_secs(900))
+        },
+    )
+    .await;
+    let lakefs = &rig.own_lakefs.as_ref().unwrap().0;
+    let mut tally = Tally::default();
+    let points = [("POST", "/merge/"), ("PUT", "/staging/backing")];
+    for run in 0..runs_or(10) {
+        // Even runs kill it under the merge, odd ones under the link of an uploaded object.
+        let (method, path) = points[run % 2];
+        rig.lakefs
+            .inject(Some(method), path, Fault::Hold("kill".into()), Some(1));
+        let (id, branch) = rig.start(run).await;
+        let started = Instant::now();
+        while !rig.lakefs.held("kill") {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{name}: {path} never came"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let restart = lakefs.crash_and_restart(Duration::from_secs(1));
+        let release = async {
+            // The call reaches lakeFS just as it is killed.
+            rig.lakefs.release("kill");
+        };
+        let (restarted, ()) = tokio::join!(restart, release);
+        restarted.unwrap();
+        let wf = rig.finished(&id).await;
+        tally.faults_applied += rig.clear_faults();
+        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Settled).await;
+    }
+    tally.print(name);
+}
