@@ -54,7 +54,7 @@ pub struct Postgres {
     /// `postgres://…` of the `postgres` database, for lakeFS's `connection_string`.
     pub url: String,
     bin: PathBuf,
-    command: Mutex<Option<Command>>,
+    command: Command,
     log: PathBuf,
     host: IpAddr,
     port: u16,
@@ -145,7 +145,7 @@ impl Postgres {
         let postgres = Self {
             url: format!("postgres://perago@{host}:{port}/postgres?sslmode=disable"),
             bin,
-            command: Mutex::new(Some(command)),
+            command,
             log: dir.join("postgres.log"),
             host,
             port,
@@ -162,10 +162,7 @@ impl Postgres {
 
     /// Start the server on its data and wait until it takes connections.
     async fn serve(&self) -> Result<()> {
-        let mut command = {
-            let guard = self.command.lock().unwrap_or_else(PoisonError::into_inner);
-            crate::process::copy_of(guard.as_ref().context("no PostgreSQL command")?)
-        };
+        let mut command = crate::process::copy_of(&self.command);
         let mut process = ServerProcess::spawn("postgres", &mut command, self.log.clone())?;
         let (host, port) = (self.host, self.port);
         wait_ready(&mut process, Duration::from_secs(60), || async move {
