@@ -254,6 +254,18 @@ impl FaultProxy {
             .any(|s| s.fault.as_deref() == Some(&*fault))
     }
 
+    /// Wait until a call is held under `name`, at most `limit`; whether one was.
+    pub async fn until_held(&self, name: &str, limit: Duration) -> bool {
+        let started = Instant::now();
+        while !self.held(name) {
+            if started.elapsed() > limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
     /// Remove every rule, release every hold and forget the requests seen.
     pub fn clear(&self) {
         let mut state = self.state();

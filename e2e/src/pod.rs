@@ -51,6 +51,23 @@ impl ConductorApi {
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     }
 
+    /// Register the TaskDef of a PeragoTask manifest (`yaml`, one task) as the operator would;
+    /// the task's contract, for a pod of it.
+    pub async fn register_task(&self, yaml: &str) -> Value {
+        let spec = perago_api::manifest::parse(yaml)
+            .unwrap()
+            .remove(0)
+            .task
+            .spec;
+        self.call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([perago_api::taskdef::render(&spec).unwrap()])),
+        )
+        .await;
+        serde_json::to_value(perago_api::contract::render(&spec).unwrap()).unwrap()
+    }
+
     /// Register a one-step workflow whose step gets `task_input` verbatim, and start it.
     pub async fn start(&self, task: &str, case: &str, task_input: Value) -> String {
         self.start_routed(task, case, task_input, None).await

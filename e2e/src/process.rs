@@ -75,7 +75,7 @@ pub fn remove_after_exit(dir: &Path) -> Result<Child> {
 }
 
 /// A command again: the same program, arguments, environment and directory.
-pub(crate) fn copy_of(command: &Command) -> Command {
+fn copy_of(command: &Command) -> Command {
     let mut copy = Command::new(command.get_program());
     copy.args(command.get_args());
     for (key, value) in command.get_envs() {
@@ -88,6 +88,62 @@ pub(crate) fn copy_of(command: &Command) -> Command {
         copy.current_dir(dir);
     }
     copy
+}
+
+/// A server that can be crashed and started again: the command it runs, and its process
+/// while it is up. Dropping it stops the process.
+pub struct Restartable {
+    command: Command,
+    process: std::sync::Mutex<Option<ServerProcess>>,
+}
+
+impl Restartable {
+    /// A server whose every start runs `command` (it is not started here).
+    pub fn new(command: Command) -> Self {
+        Self {
+            command,
+            process: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// A server `command` started as `process`.
+    pub fn running(command: Command, process: ServerProcess) -> Self {
+        Self {
+            command,
+            process: std::sync::Mutex::new(Some(process)),
+        }
+    }
+
+    /// Start the server: `start` spawns a copy of the command and waits until it serves.
+    pub async fn start(
+        &self,
+        start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
+    ) -> Result<()> {
+        let process = start(copy_of(&self.command)).await?;
+        *self.slot() = Some(process);
+        Ok(())
+    }
+
+    /// Kill the server at once (SIGKILL: a crash, every call in flight cut), leave it down for
+    /// `down`, and [`start`](Self::start) it again.
+    pub async fn crash_and_restart(
+        &self,
+        down: Duration,
+        start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
+    ) -> Result<()> {
+        let process = self.slot().take();
+        if let Some(process) = process {
+            tokio::task::spawn_blocking(move || process.kill()).await?;
+        }
+        tokio::time::sleep(down).await;
+        self.start(start).await
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<ServerProcess>> {
+        self.process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// A server process. It runs under `e2e/bin/watchdog`, which stops it when this process dies

@@ -14,7 +14,7 @@ use crate::node::{
     BRIDGE_IP, Containerd, KUBERNETES_SERVICE_IP, Machine, Node, NodePki, SERVICE_RANGE,
 };
 use crate::pki::{Pair, Usage};
-use crate::process::{ServerProcess, free_port, obtain, wait_ready};
+use crate::process::{Restartable, ServerProcess, free_port, obtain, wait_ready};
 use crate::registry::{Registry, chart_version};
 use crate::storage::{
     BUCKET, ObjectStore, Postgres, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, Storage,
@@ -41,12 +41,11 @@ pub struct Conductor {
     /// API base URL including `/api`.
     pub api_url: String,
     pub version: String,
-    /// The server's command and directory, to start it again ([`Conductor::crash_and_restart`]).
-    command: Command,
+    /// Its directory and URL, to start it again ([`Conductor::crash_and_restart`]).
     dir: PathBuf,
     base: String,
     // Dropped in this order: the server stops before its database goes.
-    process: std::sync::Mutex<Option<ServerProcess>>,
+    server: Restartable,
     _database: Option<tempfile::TempDir>,
     _postgres: Option<Arc<Postgres>>,
 }
@@ -57,24 +56,14 @@ impl Conductor {
     /// Only a Conductor on PostgreSQL keeps its workflows and queues through this (SQLite's
     /// database is in memory).
     pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
-        let process = self
-            .process
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(process) = process {
-            tokio::task::spawn_blocking(move || process.kill()).await?;
-        }
-        tokio::time::sleep(down).await;
-        let mut command = crate::process::copy_of(&self.command);
-        let (process, took) =
-            spawn_healthy("conductor", &mut command, &self.dir, &self.base).await?;
-        eprintln!("[e2e] conductor restarted on {} in {took:.1?}", self.base);
-        *self
-            .process
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(process);
-        Ok(())
+        self.server
+            .crash_and_restart(down, async |mut command| {
+                let (process, took) =
+                    spawn_healthy("conductor", &mut command, &self.dir, &self.base).await?;
+                eprintln!("[e2e] conductor restarted on {} in {took:.1?}", self.base);
+                Ok(process)
+            })
+            .await
     }
 }
 
@@ -192,10 +181,9 @@ impl Conductor {
         Ok(Self {
             api_url: format!("{base}/api"),
             version,
-            command: cmd,
             dir: dir.to_owned(),
             base,
-            process: std::sync::Mutex::new(Some(process)),
+            server: Restartable::running(cmd, process),
             _database: database,
             _postgres: postgres,
         })
@@ -396,11 +384,10 @@ async fn train_class_archive(java: &Path, jar: &Path, dir: &Path, archive: &Path
 pub struct LakeFs {
     pub endpoint: String,
     pub storage: Storage,
-    /// The server's command and log, to start it again ([`LakeFs::crash_and_restart`]).
-    command: Command,
+    /// Its log, to start it again ([`LakeFs::crash_and_restart`]).
     log: PathBuf,
     // Dropped in this order: lakeFS stops before its stores.
-    process: std::sync::Mutex<Option<ServerProcess>>,
+    server: Restartable,
     /// The S3 server, on [`Storage::PostgresS3`].
     pub object_store: Option<ObjectStore>,
     /// The fault proxy the presigned URLs point at, when lakeFS was started behind one
@@ -539,9 +526,8 @@ ui: {{enabled: false}}
             storage,
             object_store,
             object_store_proxy,
-            command: cmd,
             log,
-            process: std::sync::Mutex::new(Some(process)),
+            server: Restartable::running(cmd, process),
             postgres,
         })
     }
@@ -549,23 +535,13 @@ ui: {{enabled: false}}
     /// Kill the server at once (SIGKILL: a crash, every call in flight cut), leave it down for
     /// `down`, and start it again on the same stores and port; waits until it is healthy.
     pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
-        let process = self
-            .process
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(process) = process {
-            tokio::task::spawn_blocking(move || process.kill()).await?;
-        }
-        tokio::time::sleep(down).await;
-        let mut command = crate::process::copy_of(&self.command);
-        let (process, took) = serve_lakefs(&mut command, &self.log, &self.endpoint).await?;
-        eprintln!("[e2e] lakefs restarted on {} in {took:.1?}", self.endpoint);
-        *self
-            .process
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(process);
-        Ok(())
+        self.server
+            .crash_and_restart(down, async |mut command| {
+                let (process, took) = serve_lakefs(&mut command, &self.log, &self.endpoint).await?;
+                eprintln!("[e2e] lakefs restarted on {} in {took:.1?}", self.endpoint);
+                Ok(process)
+            })
+            .await
     }
 
     /// The storage namespace of a new repository `name`.

@@ -11,12 +11,11 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{ServerProcess, free_port, obtain, wait_ready};
+use crate::process::{Restartable, ServerProcess, free_port, obtain, wait_ready};
 
 /// The S3 key pair of the object store (test-only values).
 pub const S3_ACCESS_KEY_ID: &str = "AKIAPERAGOS3PROXY000";
@@ -54,12 +53,11 @@ pub struct Postgres {
     /// `postgres://…` of the `postgres` database, for lakeFS's `connection_string`.
     pub url: String,
     bin: PathBuf,
-    command: Command,
     log: PathBuf,
     host: IpAddr,
     port: u16,
     // The server stops before its directory goes.
-    process: Mutex<Option<ServerProcess>>,
+    server: Restartable,
     _data: tempfile::TempDir,
 }
 
@@ -145,14 +143,16 @@ impl Postgres {
         let postgres = Self {
             url: format!("postgres://perago@{host}:{port}/postgres?sslmode=disable"),
             bin,
-            command,
             log: dir.join("postgres.log"),
             host,
             port,
-            process: Mutex::new(None),
+            server: Restartable::new(command),
             _data: data,
         };
-        postgres.serve().await?;
+        postgres
+            .server
+            .start(async |c| postgres.serve(c).await)
+            .await?;
         eprintln!(
             "[e2e] postgres ready on {host}:{port} in {:.1?}",
             started.elapsed()
@@ -160,17 +160,15 @@ impl Postgres {
         Ok(postgres)
     }
 
-    /// Start the server on its data and wait until it takes connections.
-    async fn serve(&self) -> Result<()> {
-        let mut command = crate::process::copy_of(&self.command);
+    /// Run the server's command and wait until it takes connections.
+    async fn serve(&self, mut command: Command) -> Result<ServerProcess> {
         let mut process = ServerProcess::spawn("postgres", &mut command, self.log.clone())?;
         let (host, port) = (self.host, self.port);
         wait_ready(&mut process, Duration::from_secs(60), || async move {
             tokio::net::TcpStream::connect((host, port)).await.is_ok()
         })
         .await?;
-        *self.process.lock().unwrap_or_else(PoisonError::into_inner) = Some(process);
-        Ok(())
+        Ok(process)
     }
 
     /// A new database `name` on this server; its JDBC URL.
@@ -197,16 +195,9 @@ impl Postgres {
     /// Kill the server at once (SIGKILL: a crash, every connection cut), leave it down for
     /// `down`, and start it again on the same data and port.
     pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
-        let process = self
-            .process
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(process) = process {
-            process.kill();
-        }
-        tokio::time::sleep(down).await;
-        self.serve().await
+        self.server
+            .crash_and_restart(down, async |c| self.serve(c).await)
+            .await
     }
 }
 

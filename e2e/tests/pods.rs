@@ -968,7 +968,7 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
              stringData:\n  LAKECTL_CREDENTIALS_ACCESS_KEY_ID: \"\"\n  LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY: \"\"\n"
         ))
         .unwrap();
-    let cases: [(&str, serde_json::Value, &[&str], &str); 4] = [
+    let cases: [(&str, serde_json::Value, &[&str], &str); 5] = [
         (
             "missing-image",
             json!({"executor": {"body": {"image": "localhost/perago/absent:e2e"}}}),
@@ -980,6 +980,13 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
             json!({"lakefs": {"credentialsSecret": "empty-lakefs"}}),
             &["CrashLoopBackOff"],
             "LakeFS config is incomplete",
+        ),
+        (
+            // The node's lakeFS keeps its objects in its local blockstore, which cannot presign.
+            "cannot-presign",
+            json!({"lakefs": {"dataPath": "presigned", "objectStoreHosts": ["objects.example.com:9000"]}}),
+            &["CrashLoopBackOff"],
+            "dataPath is presigned, but lakeFS cannot presign URLs for its 'local' blockstore",
         ),
         (
             "unschedulable",

@@ -23,7 +23,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use perago_api::{contract, manifest, taskdef};
 use perago_e2e::lake::Lake;
 use perago_e2e::measure::{ProcessTree, counter_by, cpu_seconds_below};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
@@ -33,7 +32,7 @@ use perago_e2e::{Selection, Services};
 use perago_lakefs::LakeFsClient;
 use perago_lakefs::direct::ObjectStoreHosts;
 use perago_sidecar::workspace::{publish, snapshot};
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -293,14 +292,7 @@ spec:
   executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
 "#
     );
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    api.call(
-        reqwest::Method::POST,
-        "/metadata/taskdefs",
-        Some(&json!([taskdef::render(&spec).unwrap()])),
-    )
-    .await;
-    let contract: Value = serde_json::to_value(contract::render(&spec).unwrap()).unwrap();
+    let contract = api.register_task(&yaml).await;
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     println!(
         "data path bench: lakeFS {} on PostgreSQL + s3proxy, {runs} run(s) per case, scale {scale}%",

@@ -223,6 +223,11 @@ spec:
         }
     }
 
+    /// The rig's own lakeFS (a presigned setup).
+    fn own_lakefs(&self) -> &perago_e2e::services::LakeFs {
+        &self.own_lakefs.as_ref().expect("not a presigned setup").0
+    }
+
     /// The fault proxy in front of the object store, in a presigned setup.
     fn store(&self) -> Option<&FaultProxy> {
         self.own_lakefs
@@ -1138,14 +1143,12 @@ async fn race(hard: bool) -> Race {
             Some(1),
         );
         let (id, branch) = rig.start(run).await;
-        let started = Instant::now();
-        while !rig.lakefs.held("stage") {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{name}: no stage"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        assert!(
+            rig.lakefs
+                .until_held("stage", Duration::from_secs(30))
+                .await,
+            "{name}: no stage"
+        );
         // Spread the foreign commits over the time from the staging commit to the merge.
         let span = if race.windows.len() < 3 {
             40.0
@@ -1401,144 +1404,119 @@ async fn a_presigned_url_that_expired_while_it_waited_is_asked_for_again() {
 #[tokio::test]
 async fn a_link_refused_because_the_staging_branch_is_gone_fails_the_attempt_and_the_retry_publishes_once()
  {
-    let name = "link-refused";
-    let rig = Rig::with(
-        &format!("faults.{name}"),
-        Setup {
-            response_seconds: 30,
-            ..presigned(Duration::from_secs(900))
+    let (t, rig) = held_runs(
+        "link-refused",
+        retried_after(0),
+        runs_or(5),
+        |_| ("PUT", "/staging/backing"),
+        Staging::Now,
+        async |rig| {
+            // The bytes are in the object store; the branch they were to be linked into goes.
+            let staging = staging_branches(rig).await;
+            let gone = staging["results"][0]["id"].as_str().unwrap().to_owned();
+            rig.client
+                .delete_branch(&rig.repository, &gone)
+                .await
+                .unwrap();
+            rig.lakefs.release(HELD);
         },
     )
     .await;
-    let mut tally = Tally::default();
-    for run in 0..runs_or(5) {
-        rig.lakefs.inject(
-            Some("PUT"),
-            "/staging/backing",
-            Fault::Hold("link".into()),
-            Some(1),
-        );
-        let (id, branch) = rig.start(run).await;
-        let started = Instant::now();
-        while !rig.lakefs.held("link") {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{name}: no link"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // The bytes are in the object store; the branch they were to be linked into goes.
-        let staging = staging_branches(&rig).await;
-        let gone = staging["results"][0]["id"].as_str().unwrap().to_owned();
-        rig.client
-            .delete_branch(&rig.repository, &gone)
-            .await
-            .unwrap();
-        rig.lakefs.release("link");
-        let wf = rig.finished(&id).await;
-        tally.faults_applied += rig.clear_faults();
-        let first = &wf["tasks"][0];
-        assert_eq!(first["status"], "FAILED", "{name} run {run}: {wf}");
-        let reason = first["reasonForIncompletion"].as_str().unwrap();
-        assert!(reason.contains("lakeFS link object on"), "{reason}");
-        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Now).await;
-    }
-    tally.print(name);
-    assert_eq!(tally.failed_attempts, tally.runs);
+    assert_eq!(t.failed_attempts, t.runs, "{t:?}");
+    assert_eq!(
+        rig.pod.log().matches("lakeFS link object on").count(),
+        t.runs,
+        "each first attempt failed at the link:\n{}",
+        rig.pod.log()
+    );
 }
 
 #[tokio::test]
 async fn postgresql_crashing_mid_merge_loses_nothing_and_publishes_once() {
-    let name = "postgres-crash-mid-merge";
-    let rig = Rig::with(
-        &format!("faults.{name}"),
-        // Retried 3 s apart, as a production task would be: no retry waits out the outage.
-        Setup {
-            response_seconds: 30,
-            retry_delay: 3,
-            ..presigned(Duration::from_secs(900))
+    // A cleanup refused while the database was down is tried again in the background.
+    held_runs(
+        "postgres-crash-mid-merge",
+        retried_after(3),
+        runs_or(5),
+        |_| ("POST", "/merge/"),
+        Staging::Settled,
+        async |rig| {
+            // lakeFS's database crashes, the merge reaches lakeFS while it is down, and it is
+            // back a second later.
+            let postgres = rig.own_lakefs().postgres.as_ref().unwrap();
+            let release = async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                rig.lakefs.release(HELD);
+            };
+            let (restarted, ()) =
+                tokio::join!(postgres.crash_and_restart(Duration::from_secs(1)), release);
+            restarted.unwrap();
         },
     )
     .await;
-    let postgres = rig
-        .own_lakefs
-        .as_ref()
-        .and_then(|(l, _)| l.postgres.as_ref())
-        .unwrap();
-    let mut tally = Tally::default();
-    for run in 0..runs_or(5) {
-        rig.lakefs.inject(
-            Some("POST"),
-            "/merge/",
-            Fault::Hold("merge".into()),
-            Some(1),
-        );
-        let (id, branch) = rig.start(run).await;
-        let started = Instant::now();
-        while !rig.lakefs.held("merge") {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{name}: no merge"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // lakeFS's database crashes, the merge reaches lakeFS while it is down, and it is
-        // back a second later.
-        let restart = postgres.crash_and_restart(Duration::from_secs(1));
-        let release = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            rig.lakefs.release("merge");
-        };
-        let (restarted, ()) = tokio::join!(restart, release);
-        restarted.unwrap();
-        let wf = rig.finished(&id).await;
-        tally.faults_applied += rig.clear_faults();
-        // A cleanup refused while the database was down is tried again in the background.
-        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Settled).await;
-    }
-    tally.print(name);
 }
 
 #[tokio::test]
 async fn lakefs_killed_mid_merge_and_mid_stage_loses_nothing_and_publishes_once() {
-    let name = "lakefs-killed";
     // lakeFS's state is in PostgreSQL and the object store: a restarted lakeFS has it all.
-    let rig = Rig::with(
-        &format!("faults.{name}"),
-        Setup {
-            response_seconds: 30,
-            retry_delay: 3,
-            ..presigned(Duration::from_secs(900))
+    // Even runs kill it under the merge, odd ones under the link of an uploaded object.
+    held_runs(
+        "lakefs-killed",
+        retried_after(3),
+        runs_or(10),
+        |run| [("POST", "/merge/"), ("PUT", "/staging/backing")][run % 2],
+        Staging::Settled,
+        async |rig| {
+            // The call reaches lakeFS just as it is killed.
+            let release = async { rig.lakefs.release(HELD) };
+            let restart = rig.own_lakefs().crash_and_restart(Duration::from_secs(1));
+            let (restarted, ()) = tokio::join!(restart, release);
+            restarted.unwrap();
         },
     )
     .await;
-    let lakefs = &rig.own_lakefs.as_ref().unwrap().0;
+}
+
+/// The hold of [`held_runs`].
+const HELD: &str = "held";
+
+/// A presigned setup whose workflows retry `delay` seconds apart (3 s, as a production task
+/// would: no retry then waits out a restart within the same second).
+fn retried_after(delay: u32) -> Setup {
+    Setup {
+        response_seconds: 30,
+        retry_delay: delay,
+        ..presigned(Duration::from_secs(900))
+    }
+}
+
+/// `runs` workflows, each with the first lakeFS call at `point(run)` (method, path) held under
+/// [`HELD`]; once it is, `meanwhile` breaks something and releases it. Every run is then
+/// checked as any scenario's.
+async fn held_runs(
+    name: &str,
+    setup: Setup,
+    runs: usize,
+    point: impl Fn(usize) -> (&'static str, &'static str),
+    staging: Staging,
+    meanwhile: impl AsyncFn(&Rig),
+) -> (Tally, Rig) {
+    let rig = Rig::with(&format!("faults.{name}"), setup).await;
     let mut tally = Tally::default();
-    let points = [("POST", "/merge/"), ("PUT", "/staging/backing")];
-    for run in 0..runs_or(10) {
-        // Even runs kill it under the merge, odd ones under the link of an uploaded object.
-        let (method, path) = points[run % 2];
+    for run in 0..runs {
+        let (method, path) = point(run);
         rig.lakefs
-            .inject(Some(method), path, Fault::Hold("kill".into()), Some(1));
+            .inject(Some(method), path, Fault::Hold(HELD.into()), Some(1));
         let (id, branch) = rig.start(run).await;
-        let started = Instant::now();
-        while !rig.lakefs.held("kill") {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{name}: {path} never came"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let restart = lakefs.crash_and_restart(Duration::from_secs(1));
-        let release = async {
-            // The call reaches lakeFS just as it is killed.
-            rig.lakefs.release("kill");
-        };
-        let (restarted, ()) = tokio::join!(restart, release);
-        restarted.unwrap();
+        assert!(
+            rig.lakefs.until_held(HELD, Duration::from_secs(30)).await,
+            "{name}: {method} {path} never came"
+        );
+        meanwhile(&rig).await;
         let wf = rig.finished(&id).await;
         tally.faults_applied += rig.clear_faults();
-        check_run(&rig, name, run, &wf, &branch, &mut tally, Staging::Settled).await;
+        check_run(&rig, name, run, &wf, &branch, &mut tally, staging).await;
     }
     tally.print(name);
+    (tally, rig)
 }

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use perago_api::{contract, manifest, taskdef};
 use perago_e2e::faults::FaultProxy;
 use perago_e2e::lake::Lake;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
@@ -42,14 +41,7 @@ spec:
   executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
 "#
     );
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    api.call(
-        reqwest::Method::POST,
-        "/metadata/taskdefs",
-        Some(&json!([taskdef::render(&spec).unwrap()])),
-    )
-    .await;
-    serde_json::to_value(contract::render(&spec).unwrap()).unwrap()
+    api.register_task(&yaml).await
 }
 
 /// The sidecar's lakeFS settings with `endpoint` and the data path settings.

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use perago_api::{contract, manifest, taskdef};
 use perago_e2e::lake::Lake;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries, wait_file};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
@@ -44,14 +43,7 @@ spec:
   executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
 "#
     );
-    let spec = manifest::parse(&yaml).unwrap().remove(0).task.spec;
-    api.call(
-        reqwest::Method::POST,
-        "/metadata/taskdefs",
-        Some(&json!([taskdef::render(&spec).unwrap()])),
-    )
-    .await;
-    serde_json::to_value(contract::render(&spec).unwrap()).unwrap()
+    api.register_task(&yaml).await
 }
 
 async fn pod(api: &ConductorApi, contract: &Value, body: &str) -> Pod {
