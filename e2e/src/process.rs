@@ -1,5 +1,6 @@
 //! Starting third-party servers as watched child processes, and waiting for them to be ready.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -53,12 +54,26 @@ pub fn stdout_of(command: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A free TCP port on loopback. The port is released before returning; the short window in
-/// which another process could take it is acceptable for tests.
+/// A free TCP port. The port is released before returning; the short window in which another
+/// process could take it is acceptable for tests.
+///
+/// It is free on every address (the wildcard is bound, so a server already listening on the
+/// node's bridge address keeps its port), and one process never hands the same port out twice:
+/// servers started together pick their ports before any of them binds.
 pub fn free_port() -> Result<u16> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").context("binding an ephemeral loopback port")?;
-    Ok(listener.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    for _ in 0..64 {
+        let listener = TcpListener::bind("0.0.0.0:0").context("binding an ephemeral TCP port")?;
+        let port = listener.local_addr()?.port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port)
+        {
+            return Ok(port);
+        }
+    }
+    bail!("no ephemeral TCP port that this process has not handed out already")
 }
 
 /// Start `e2e/bin/janitor`, which removes `dir` once this process has exited, however it
