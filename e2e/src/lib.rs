@@ -22,6 +22,7 @@ pub mod python;
 pub mod registry;
 pub mod services;
 pub mod storage;
+pub mod workload;
 
 pub use services::{Selection, Services};
 

@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Node as NodeObject, ServiceAccount};
 
 use crate::pki::{Authority, Usage};
-use crate::process::{ServerProcess, bin_dir, free_port, obtain, wait_ready};
+use crate::process::{Restartable, ServerProcess, bin_dir, free_port, obtain, wait_ready};
 use crate::registry::{Registry, Release};
 
 /// The pod network's bridge, made by the harness; its address is where pods reach the servers.
@@ -187,10 +187,26 @@ fn run(command: &mut Command, what: &str) -> Result<()> {
 /// and pulling from the harness's registry over plain HTTP.
 pub struct Containerd {
     pub socket: PathBuf,
-    _process: ServerProcess,
+    process: Restartable,
+    log: PathBuf,
 }
 
 impl Containerd {
+    /// Kill containerd alone at once (SIGKILL), leave it down for `down`, and start it again
+    /// on the same state; the shims and the containers they run keep running, as they do
+    /// when a node's containerd restarts.
+    pub async fn crash_and_restart(&self, down: Duration) -> Result<()> {
+        self.process
+            .crash_alone_and_restart(down, async |mut command| {
+                let started = Instant::now();
+                let process =
+                    spawn_containerd(&mut command, self.log.clone(), &self.socket).await?;
+                eprintln!("[e2e] containerd restarted in {:.1?}", started.elapsed());
+                Ok(process)
+            })
+            .await
+    }
+
     /// Import OCI archives (`e2e/bin/images`) as the images they name, the way a node is
     /// side-loaded, and check containerd lists each.
     pub fn import(&self, images: &[(String, PathBuf)]) -> Result<()> {
@@ -293,17 +309,13 @@ state = "{home}/state"
         )?;
         let mut cmd = Command::new("containerd");
         cmd.arg("--config").arg(&config);
-        let mut process = ServerProcess::spawn("containerd", &mut cmd, dir.join("containerd.log"))?;
-        let sock = socket.clone();
-        wait_ready(&mut process, Duration::from_secs(30), || {
-            let sock = sock.clone();
-            async move { ctr(&sock, &["version"]).is_ok() }
-        })
-        .await?;
+        let log = dir.join("containerd.log");
+        let process = spawn_containerd(&mut cmd, log.clone(), &socket).await?;
         let started = Instant::now();
         let containerd = Self {
             socket,
-            _process: process,
+            process: Restartable::running(cmd, process),
+            log,
         };
         containerd.import(images)?;
         eprintln!(
@@ -313,6 +325,21 @@ state = "{home}/state"
         );
         Ok(containerd)
     }
+}
+
+/// Start containerd and wait until it answers on `socket`.
+async fn spawn_containerd(
+    command: &mut Command,
+    log: PathBuf,
+    socket: &Path,
+) -> Result<ServerProcess> {
+    let mut process = ServerProcess::spawn("containerd", command, log)?;
+    wait_ready(&mut process, Duration::from_secs(30), || {
+        let socket = socket.to_owned();
+        async move { ctr(&socket, &["version"]).is_ok() }
+    })
+    .await?;
+    Ok(process)
 }
 
 /// `ctr --address <socket> -n k8s.io <args>`, its standard output.
@@ -407,7 +434,10 @@ type KubeconfigFor<'a> = &'a dyn Fn(&str, &str, Option<&str>) -> Result<PathBuf>
 pub struct Node {
     _controller_manager: ServerProcess,
     _scheduler: ServerProcess,
-    _kubelet: ServerProcess,
+    kubelet: Restartable,
+    /// The kubelet's health endpoint and log, to start it again.
+    kubelet_healthz: String,
+    kubelet_log: PathBuf,
     _proxy: ServerProcess,
     pub containerd: Containerd,
     /// The registry the node pulls the project's images from, and the release pushed to it.
@@ -492,7 +522,8 @@ impl Node {
         let healthz = format!("https://127.0.0.1:{port}/healthz");
         wait_healthy(&mut scheduler, &healthz, Duration::from_secs(60)).await?;
 
-        let kubelet = Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig).await?;
+        let (kubelet, kubelet_healthz) =
+            Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig).await?;
         let proxy = Self::start_proxy(dir, &home, &kubeconfig).await?;
 
         wait_for_api(Duration::from_secs(60), "the node to be Ready", || {
@@ -527,7 +558,9 @@ impl Node {
         Ok(Self {
             _controller_manager: controller_manager,
             _scheduler: scheduler,
-            _kubelet: kubelet,
+            kubelet,
+            kubelet_healthz,
+            kubelet_log: dir.join("kubelet.log"),
             _proxy: proxy,
             containerd,
             registry,
@@ -541,7 +574,7 @@ impl Node {
         pki: &NodePki,
         containerd: &Containerd,
         kubeconfig: KubeconfigFor<'_>,
-    ) -> Result<ServerProcess> {
+    ) -> Result<(Restartable, String)> {
         let ca = &pki.authority;
         let serving = ca.issue(
             "kubelet-serving",
@@ -616,10 +649,27 @@ syncFrequency: 10s
             // The kubelet refuses a loopback node address; the bridge's is the node's.
             .arg(format!("--node-ip={BRIDGE_IP}"))
             .arg("--v=1");
-        let mut kubelet = ServerProcess::spawn("kubelet", &mut cmd, dir.join("kubelet.log"))?;
         let healthz = format!("http://127.0.0.1:{healthz_port}/healthz");
-        wait_healthy(&mut kubelet, &healthz, Duration::from_secs(60)).await?;
-        Ok(kubelet)
+        let kubelet = spawn_kubelet(&mut cmd, dir.join("kubelet.log"), &healthz).await?;
+        Ok((Restartable::running(cmd, kubelet), healthz))
+    }
+
+    /// Kill the kubelet at once (SIGKILL), leave it down for `down`, and start it again on
+    /// the same state; waits until it is healthy. The pods' containers keep running.
+    pub async fn crash_and_restart_kubelet(&self, down: Duration) -> Result<()> {
+        self.kubelet
+            .crash_and_restart(down, async |mut command| {
+                let started = Instant::now();
+                let kubelet = spawn_kubelet(
+                    &mut command,
+                    self.kubelet_log.clone(),
+                    &self.kubelet_healthz,
+                )
+                .await?;
+                eprintln!("[e2e] kubelet restarted in {:.1?}", started.elapsed());
+                Ok(kubelet)
+            })
+            .await
     }
 
     async fn start_proxy(
@@ -659,6 +709,16 @@ nodePortAddresses: ["{BRIDGE_IP}/32"]
         wait_healthy(&mut proxy, &healthz, Duration::from_secs(60)).await?;
         Ok(proxy)
     }
+}
+
+async fn spawn_kubelet(
+    command: &mut Command,
+    log: PathBuf,
+    healthz: &str,
+) -> Result<ServerProcess> {
+    let mut kubelet = ServerProcess::spawn("kubelet", command, log)?;
+    wait_healthy(&mut kubelet, healthz, Duration::from_secs(60)).await?;
+    Ok(kubelet)
 }
 
 async fn wait_healthy(server: &mut ServerProcess, url: &str, limit: Duration) -> Result<()> {

@@ -146,9 +146,29 @@ impl Restartable {
         down: Duration,
         start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
     ) -> Result<()> {
+        self.restart(ServerProcess::kill, down, start).await
+    }
+
+    /// As [`crash_and_restart`](Self::crash_and_restart), but what the server started and
+    /// let go of keeps running: containerd's shims and their containers outlive a containerd
+    /// restart on a real node.
+    pub async fn crash_alone_and_restart(
+        &self,
+        down: Duration,
+        start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
+    ) -> Result<()> {
+        self.restart(ServerProcess::kill_alone, down, start).await
+    }
+
+    async fn restart(
+        &self,
+        kill: fn(ServerProcess),
+        down: Duration,
+        start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
+    ) -> Result<()> {
         let process = self.slot().take();
         if let Some(process) = process {
-            tokio::task::spawn_blocking(move || process.kill()).await?;
+            tokio::task::spawn_blocking(move || kill(process)).await?;
         }
         tokio::time::sleep(down).await;
         self.start(start).await
@@ -212,6 +232,24 @@ impl ServerProcess {
                 let pid = nix::unistd::Pid::from_raw(pid as i32);
                 let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
             }
+        }
+        let _ = self.watchdog.wait();
+    }
+
+    /// Kill the server alone at once (SIGKILL): the processes it started live on.
+    pub fn kill_alone(mut self) {
+        let watchdog = self.watchdog.id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{watchdog}/task/{watchdog}/children"))
+                .unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         let _ = self.watchdog.wait();
     }

@@ -610,11 +610,30 @@ pub struct Kube {
     pub server: String,
     pub kubeconfig: PathBuf,
     pub pki: Option<NodePki>,
+    // Dropped in this order: the apiserver stops before its store.
+    apiserver: Restartable,
     _etcd: ServerProcess,
-    _apiserver: ServerProcess,
+    log: PathBuf,
 }
 
 impl Kube {
+    /// Kill the apiserver at once (SIGKILL, every watch and call cut), leave it down for
+    /// `down`, and start it again on the same etcd and port; waits until it is ready. etcd
+    /// keeps running, as it does when a control-plane node's apiserver restarts.
+    pub async fn crash_and_restart_apiserver(&self, down: Duration) -> Result<()> {
+        self.apiserver
+            .crash_and_restart(down, async |mut command| {
+                let (process, took) =
+                    spawn_apiserver(&mut command, self.log.clone(), &self.server).await?;
+                eprintln!(
+                    "[e2e] kube-apiserver restarted on {} in {took:.1?}",
+                    self.server
+                );
+                Ok(process)
+            })
+            .await
+    }
+
     /// A client of this apiserver, as the admin user of its kubeconfig.
     pub async fn client(&self) -> Result<kube::Client> {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
@@ -798,24 +817,8 @@ impl Kube {
                 ]);
             None
         };
-        let mut apiserver = ServerProcess::spawn(
-            "kube-apiserver",
-            &mut api_cmd,
-            dir.join("kube-apiserver.log"),
-        )?;
-        let took = wait_ready(&mut apiserver, Duration::from_secs(120), || {
-            let client = client.clone();
-            let url = format!("{server}/readyz");
-            async move {
-                client
-                    .get(url)
-                    .bearer_auth(KUBE_ADMIN_TOKEN)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
-        .await?;
+        let log = dir.join("kube-apiserver.log");
+        let (apiserver, took) = spawn_apiserver(&mut api_cmd, log.clone(), &server).await?;
         let trust = match &pki {
             Some(pki) => format!("certificate-authority: {}", pki.authority.cert.display()),
             None => "insecure-skip-tls-verify: true".to_owned(),
@@ -835,10 +838,29 @@ impl Kube {
             server,
             kubeconfig,
             pki,
+            apiserver: Restartable::running(api_cmd, apiserver),
             _etcd: etcd,
-            _apiserver: apiserver,
+            log,
         })
     }
+}
+
+/// Start a kube-apiserver and wait until `server` answers `/readyz` to the admin.
+async fn spawn_apiserver(
+    command: &mut Command,
+    log: PathBuf,
+    server: &str,
+) -> Result<(ServerProcess, Duration)> {
+    let mut apiserver = ServerProcess::spawn("kube-apiserver", command, log)?;
+    let client = http_client();
+    let took = wait_ready(&mut apiserver, Duration::from_secs(120), || {
+        let request = client
+            .get(format!("{server}/readyz"))
+            .bearer_auth(KUBE_ADMIN_TOKEN);
+        async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+    })
+    .await?;
+    Ok((apiserver, took))
 }
 
 /// Which servers to start.

@@ -11,6 +11,7 @@ use perago_e2e::cluster::Cluster;
 use perago_e2e::lake::Lake;
 use perago_e2e::node::{BUSYBOX_BODY_IMAGE, ctr};
 use perago_e2e::pod::ConductorApi;
+use perago_e2e::workload::{Workload, merge, workspace_task_with};
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -41,56 +42,6 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
     workspace_task_with(namespace, name, script, &json!({}))
-}
-
-/// A workspace task whose body is `sh -c script` on busybox, with `spec` merged into its spec.
-fn workspace_task_with(
-    namespace: &str,
-    name: &str,
-    script: &str,
-    spec: &serde_json::Value,
-) -> String {
-    let mut task = json!({
-        "apiVersion": "perago.io/v1alpha1",
-        "kind": "PeragoTask",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "taskName": format!("{namespace}.{name}"),
-            "ownerEmail": "e2e@example.com",
-            "workspace": {"prefix": "/data"},
-            "paramsSchema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
-            "resultSchema": {"type": "object", "properties": {"files": {"type": "integer"}}, "required": ["files"]},
-            "controls": {
-                "retry": {"count": 2, "logic": "FIXED", "delaySeconds": 0},
-                "timeout": {"policy": "RETRY", "seconds": 120, "responseSeconds": 30},
-            },
-            "executor": {
-                "slots": 1,
-                "body": {"image": BUSYBOX_BODY_IMAGE, "command": ["sh", "-c", script]},
-            },
-        },
-    });
-    merge(&mut task["spec"], spec);
-    serde_json::to_string(&task).unwrap()
-}
-
-/// JSON merge patch (RFC 7386) of `patch` into `target`.
-fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match patch.as_object() {
-        Some(fields) => {
-            if !target.is_object() {
-                *target = json!({});
-            }
-            for (key, value) in fields {
-                if value.is_null() {
-                    target.as_object_mut().unwrap().remove(key);
-                } else {
-                    merge(&mut target[key], value);
-                }
-            }
-        }
-        None => *target = patch.clone(),
-    }
 }
 
 /// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
@@ -1524,41 +1475,27 @@ async fn attempts_survive_scaling_and_rollouts_without_loss_or_double_publicatio
     let conductor = ConductorApi::new(&services.conductor().api_url);
 
     // One branch per workflow, so that each publication is checked on its own history.
-    let mut workflows = Vec::new();
-    for i in 0..workflows_wanted {
-        let branch = format!("churn-{i:03}");
-        lake.post(
-            &format!("/repositories/{repository}/branches"),
-            json!({"name": branch, "source": input_ref}),
-        )
-        .await
-        .unwrap();
-        let id = conductor
-            .start(
-                &format!("{namespace}.{name}"),
-                &format!("c{i:03}"),
-                json!({
-                    "workspace": {"repository": repository, "branch": branch, "refType": "commit", "ref": input_ref},
-                    "params": {"n": i},
-                }),
-            )
-            .await;
-        workflows.push((id, branch));
-    }
-
+    let workload = Workload::start(
+        &lake,
+        &conductor,
+        &format!("{namespace}.{name}"),
+        (&repository, &input_ref),
+        "churn",
+        workflows_wanted,
+    )
+    .await
+    .unwrap();
     // Meanwhile: scale between 1 and 4 pods and roll out, one change every 4 s.
     let started = std::time::Instant::now();
     let changes = [
         "scale=4", "rollout", "scale=1", "scale=3", "rollout", "scale=2", "scale=4", "rollout",
         "scale=1", "rollout",
     ];
-    let mut done = 0;
     let mut applied = Vec::new();
-    while done < workflows.len() {
+    while workload.finished(&conductor).await < workflows_wanted {
         assert!(
             started.elapsed() < Duration::from_secs(900),
-            "{done} of {} workflows finished after 15 min",
-            workflows.len()
+            "not every workflow finished after 15 min"
         );
         let change = changes[applied.len() % changes.len()];
         match change.split_once('=') {
@@ -1580,61 +1517,18 @@ async fn attempts_survive_scaling_and_rollouts_without_loss_or_double_publicatio
         .unwrap();
         applied.push(change);
         tokio::time::sleep(Duration::from_secs(4)).await;
-        done = 0;
-        for (id, _) in &workflows {
-            let status = conductor.workflow(id).await["status"].clone();
-            done += usize::from(status != "RUNNING");
-        }
     }
     let took = started.elapsed();
 
-    let mut workers = std::collections::BTreeSet::new();
-    for (id, branch) in &workflows {
-        let finished = conductor.workflow(id).await;
-        assert_eq!(finished["status"], "COMPLETED", "{finished}");
-        let tasks = finished["tasks"].as_array().unwrap();
-        assert_eq!(
-            tasks.len(),
-            1,
-            "{branch}: one attempt, none lost to a stopping pod: {finished}"
-        );
-        let step = &tasks[0];
-        workers.insert(step["workerId"].as_str().unwrap().to_owned());
-        // Published once: the branch is one squash commit on the input, by this attempt.
-        let log = lake
-            .get(&format!(
-                "/repositories/{repository}/refs/{branch}/commits?amount=3"
-            ))
-            .await
-            .unwrap();
-        let commits = log["results"].as_array().unwrap();
-        assert_eq!(commits[1]["id"], json!(input_ref), "{branch}: {log}");
-        assert_eq!(commits[0]["parents"], json!([input_ref]), "{branch}: {log}");
-        assert_eq!(
-            commits[0]["metadata"]["perago.task_id"], step["taskId"],
-            "{branch}: {log}"
-        );
-        assert_eq!(
-            step["outputData"]["workspace"]["ref"], commits[0]["id"],
-            "{branch}"
-        );
-    }
-    let branches = lake
-        .get(&format!(
-            "/repositories/{repository}/branches?prefix=perago-staging-&amount=1000"
-        ))
-        .await
-        .unwrap();
+    let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+    assert!(outcome.holds_the_promises(), "{outcome}");
     assert_eq!(
-        branches["results"].as_array().unwrap().len(),
-        0,
-        "no staging branch left: {branches}"
+        (outcome.attempts, outcome.failed_attempts),
+        (workflows_wanted, 0),
+        "one attempt each, none lost to a stopping pod: {outcome}"
     );
     eprintln!(
-        "{} workflows COMPLETED with one attempt each in {took:.1?}, published once each, by {} pods, \
-         while {} scale and rollout changes were made ({})",
-        workflows.len(),
-        workers.len(),
+        "{outcome}, in {took:.1?}, while {} scale and rollout changes were made ({})",
         applied.len(),
         applied.join(", ")
     );

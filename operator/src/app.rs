@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand};
 
 use perago_conductor::flags::ConductorAuthFlags;
 
-use crate::{cli, conductor, context, controller, reference, render, selftest, telemetry, webhook};
+use crate::{
+    cli, conductor, context, controller, owned, reference, render, selftest, telemetry, webhook,
+};
 
 #[derive(Parser)]
 #[command(
@@ -292,46 +294,53 @@ fn run(
             .await
             .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
         start_webhook(&client, webhook, &process.lease_namespace, &metrics);
-        let conductor = conductor::Conductors::new(
-            std::time::Duration::from_secs(timeout.max(1)),
-            Some(metrics.conductor_calls.clone()),
-            credentials,
-            &roots,
-        )
-        .map_err(|e| format!("building the Conductor client failed: {e}"))?;
-        let recorder = kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
-        let (owned, writers) = crate::owned::Owned::new(&process.watch_namespaces);
-        let context = context::Context {
-            client: client.clone(),
-            conductor,
-            defaults,
-            recorder,
-            resync: std::time::Duration::from_secs(resync.max(1)),
-            metrics: metrics.clone(),
-            recommendations: Default::default(),
-            costs_changed: Default::default(),
-            pods_http: reqwest::Client::builder()
-                .timeout(std::time::Duration::from_secs(1))
-                .build()
-                .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
-            queues: crate::queues::QueueWatch::new(
-                (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
-            ),
-            owned,
-            // The controllers' own stores, once `controller::run` has made the controllers.
-            tasks: crate::scope::Stores::new(Vec::new()),
+        // What one leadership term reconciles with: made afresh each term, so the caches of
+        // a term that ended (its watches stopped) are never read by the next.
+        let term = || -> Result<(context::Context, owned::Writers), String> {
+            let conductor = conductor::Conductors::new(
+                std::time::Duration::from_secs(timeout.max(1)),
+                Some(metrics.conductor_calls.clone()),
+                credentials.clone(),
+                &roots,
+            )
+            .map_err(|e| format!("building the Conductor client failed: {e}"))?;
+            let recorder =
+                kube::runtime::events::Recorder::new(client.clone(), controller::reporter());
+            let (owned, writers) = owned::Owned::new(&process.watch_namespaces);
+            let context = context::Context {
+                client: client.clone(),
+                conductor,
+                defaults: defaults.clone(),
+                recorder,
+                resync: std::time::Duration::from_secs(resync.max(1)),
+                metrics: metrics.clone(),
+                recommendations: Default::default(),
+                costs_changed: Default::default(),
+                pods_http: reqwest::Client::builder()
+                    .timeout(std::time::Duration::from_secs(1))
+                    .build()
+                    .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
+                queues: crate::queues::QueueWatch::new(
+                    (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
+                ),
+                owned,
+                // The controllers' own stores, once `controller::run` has made the controllers.
+                tasks: crate::scope::Stores::new(Vec::new()),
+            };
+            Ok((context, writers))
         };
         metrics
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         if !process.leader_election {
             metrics.leader.set(1);
+            let (context, writers) = term()?;
             controller::run(context, writers, &process.watch_namespaces).await;
             return Ok(());
         }
         let identity = std::env::var("POD_NAME")
             .unwrap_or_else(|_| format!("perago-operator-{}", std::process::id()));
-        let manager = kube_lease_manager::LeaseManagerBuilder::new(client, "perago-operator")
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "perago-operator")
             .with_namespace(process.lease_namespace.clone())
             .with_identity(identity.clone())
             .with_duration(process.lease_duration_seconds.max(2))
@@ -340,19 +349,25 @@ fn run(
             .await
             .map_err(|e| format!("preparing the leader Lease failed: {e}"))?;
         let (mut leading, _task) = manager.watch().await;
-        tracing::info!(identity = %identity, "waiting for the leader lease");
-        if leading.wait_for(|l| *l).await.is_err() {
-            return Err("the leader election stopped".into());
-        }
-        metrics.leader.set(1);
-        tracing::info!(identity = %identity, "leading; reconciling");
-        tokio::select! {
-            () = controller::run(context, writers, &process.watch_namespaces) => Ok(()),
-            _ = leading.wait_for(|l| !*l) => {
-                metrics.leader.set(0);
-                // Stop at once: another replica may already reconcile. Kubernetes restarts
-                // this one as a standby.
-                Err("lost the leader lease; stopping".into())
+        loop {
+            tracing::info!(identity = %identity, "waiting for the leader lease");
+            if leading.wait_for(|l| *l).await.is_err() {
+                return Err("the leader election stopped".into());
+            }
+            metrics.leader.set(1);
+            tracing::info!(identity = %identity, "leading; reconciling");
+            let (context, writers) = term()?;
+            tokio::select! {
+                () = controller::run(context, writers, &process.watch_namespaces) => return Ok(()),
+                _ = leading.wait_for(|l| !*l) => {
+                    // The term's controllers, watches and reconciles in flight are dropped
+                    // here, at once: another replica may already reconcile. This one stays up
+                    // as a standby (an API server outage longer than the lease must not
+                    // leave every replica in a crash-loop back-off when it ends).
+                    metrics.leader.set(0);
+                    metrics.leadership_lost.inc();
+                    tracing::warn!(identity = %identity, "lost the leader lease; stopped reconciling");
+                }
             }
         }
     })

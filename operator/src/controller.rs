@@ -529,7 +529,8 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
 /// namespace (`scope`), all on one context; `writers` fill `ctx.owned`.
 pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
     let (pod_watch, deployments, config_maps) = writers.watch(&ctx.client);
-    let pod_watch = tokio::spawn(pod_watch);
+    // Aborted when this future is dropped too (a leadership term that ends).
+    let _pod_watch = AbortOnDrop(tokio::spawn(pod_watch));
     info!(?scope, "perago-operator controller started");
     let controllers: Vec<_> = scope
         .apis::<PeragoTask>(&ctx.client)
@@ -549,10 +550,10 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .iter()
         .map(|_| tokio::sync::mpsc::channel(1024))
         .unzip();
-    let queue_watch = tokio::spawn(scaling::watch_queues(
+    let _queue_watch = AbortOnDrop(tokio::spawn(scaling::watch_queues(
         ctx.clone(),
         Wake::new(scope.clone(), senders),
-    ));
+    )));
     let runs = controllers
         .into_iter()
         .zip(receivers)
@@ -572,8 +573,15 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
                 })
         });
     futures_util::future::join_all(runs).await;
-    queue_watch.abort();
-    pod_watch.abort();
+}
+
+/// A spawned task that is aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 pub fn reporter() -> Reporter {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use kube::ResourceExt;
 use perago_api::PeragoTask;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -19,6 +19,9 @@ pub struct Metrics {
     /// ConfigMap and Deployment applies made, and skipped because the live object held them.
     applies: IntCounterVec,
     pub leader: IntGauge,
+    /// Leadership terms that ended because the lease was lost (the process then waits to lead
+    /// again as a standby).
+    pub leadership_lost: IntCounter,
     /// Per PeragoTask (`namespace`, `name`): for KEDA or an HPA on external metrics.
     task_queued: IntGaugeVec,
     task_running: IntGaugeVec,
@@ -69,6 +72,10 @@ impl Metrics {
             "perago_operator_leader",
             "1 while this process holds the leader lease.",
         )?;
+        let leadership_lost = IntCounter::new(
+            "perago_operator_leadership_lost_total",
+            "Times this process lost the leader lease and stopped reconciling until it leads again.",
+        )?;
         let per_task = |name: &str, help: &str| {
             IntGaugeVec::new(Opts::new(name, help), &["namespace", "name"])
         };
@@ -96,6 +103,7 @@ impl Metrics {
         registry.register(Box::new(conductor_calls.clone()))?;
         registry.register(Box::new(applies.clone()))?;
         registry.register(Box::new(leader.clone()))?;
+        registry.register(Box::new(leadership_lost.clone()))?;
         Ok(Self {
             registry,
             reconciles,
@@ -103,6 +111,7 @@ impl Metrics {
             conductor_calls,
             applies,
             leader,
+            leadership_lost,
             task_queued,
             task_running,
             task_replicas,

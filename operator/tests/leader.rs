@@ -11,7 +11,8 @@ use perago_e2e::process::free_port;
 use perago_e2e::{Selection, shared};
 use tokio::process::{Child, Command};
 
-fn replica(kubeconfig: &std::path::Path, name: &str, port: u16) -> Child {
+/// An operator replica whose Lease is in `namespace`.
+fn replica(kubeconfig: &std::path::Path, name: &str, port: u16, namespace: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_perago-operator"))
         .args([
             "run",
@@ -23,6 +24,7 @@ fn replica(kubeconfig: &std::path::Path, name: &str, port: u16) -> Child {
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", name)
+        .env("POD_NAMESPACE", namespace)
         .env("PERAGO_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
@@ -30,6 +32,11 @@ fn replica(kubeconfig: &std::path::Path, name: &str, port: u16) -> Child {
 }
 
 async fn leader_gauge(port: u16) -> Option<String> {
+    metric(port, "perago_operator_leader").await
+}
+
+/// The value of a metric without labels, as the replica on `port` serves it.
+async fn metric(port: u16, name: &str) -> Option<String> {
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await
         .ok()?
@@ -37,8 +44,8 @@ async fn leader_gauge(port: u16) -> Option<String> {
         .await
         .ok()?;
     text.lines()
-        .find(|l| l.starts_with("perago_operator_leader "))
-        .map(|l| l[23..].to_owned())
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(str::to_owned)
 }
 
 #[tokio::test]
@@ -52,8 +59,18 @@ async fn one_replica_leads_and_the_other_takes_over() {
     let leases: Api<Lease> = Api::namespaced(client, "default");
     let ports = [free_port().unwrap(), free_port().unwrap()];
     let mut replicas = [
-        Some(replica(&services.kube().kubeconfig, "replica-a", ports[0])),
-        Some(replica(&services.kube().kubeconfig, "replica-b", ports[1])),
+        Some(replica(
+            &services.kube().kubeconfig,
+            "replica-a",
+            ports[0],
+            "default",
+        )),
+        Some(replica(
+            &services.kube().kubeconfig,
+            "replica-b",
+            ports[1],
+            "default",
+        )),
     ];
     let holder = |leases: Api<Lease>| async move {
         leases
@@ -122,4 +139,83 @@ async fn one_replica_leads_and_the_other_takes_over() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!("failover after {:?}", killed.elapsed());
+}
+
+/// Until the replica on `port` serves `value` for `name`, ten seconds at most.
+async fn wait_metric(port: u16, name: &str, value: &str, what: &str) {
+    let started = Instant::now();
+    while metric(port, name).await.as_deref() != Some(value) {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Another holder takes the Lease from the leader (as a replica that renewed while this one
+/// could not reach the API server would): the leader stops reconciling and stays up as a
+/// standby, and leads again once that holder's Lease expires. The process never exits.
+#[tokio::test]
+async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let client = services.kube().client().await.unwrap();
+    let namespace = "lease-loss";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+    namespaces.create(&Default::default(), &ns).await.unwrap();
+    let port = free_port().unwrap();
+    let mut replica = replica(&services.kube().kubeconfig, "replica-c", port, namespace);
+    wait_metric(
+        port,
+        "perago_operator_leader",
+        "1",
+        "replica-c does not lead",
+    )
+    .await;
+
+    let leases: Api<Lease> = Api::namespaced(client, namespace);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let taken = serde_json::json!({"spec": {
+        "holderIdentity": "another-replica",
+        "leaseDurationSeconds": 3,
+        "acquireTime": now,
+        "renewTime": now,
+    }});
+    leases
+        .patch(
+            "perago-operator",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&taken),
+        )
+        .await
+        .unwrap();
+    let taken_at = Instant::now();
+    wait_metric(port, "perago_operator_leader", "0", "replica-c still leads").await;
+    let stepped_down = taken_at.elapsed();
+    assert_eq!(
+        metric(port, "perago_operator_leadership_lost_total")
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    // The other holder never renews: replica-c takes the Lease again once it expires.
+    wait_metric(
+        port,
+        "perago_operator_leader",
+        "1",
+        "replica-c does not lead again",
+    )
+    .await;
+    assert!(
+        replica.try_wait().unwrap().is_none(),
+        "replica-c exited when it lost the lease"
+    );
+    println!(
+        "stood down {stepped_down:.1?} after the Lease was taken, led again {:.1?} after",
+        taken_at.elapsed()
+    );
 }

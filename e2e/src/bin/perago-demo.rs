@@ -91,6 +91,11 @@ async fn main() -> Result<()> {
     for mut task in perago_e2e::yaml_documents(&examples) {
         let name = task["metadata"]["name"].as_str().unwrap_or("").to_owned();
         task["metadata"]["namespace"] = NAMESPACE.into();
+        if task["kind"] != "PeragoTask" {
+            // The examples' PodDisruptionBudget, as it is.
+            manifests.push(serde_yaml::to_string(&task)?);
+            continue;
+        }
         let body = &mut task["spec"]["executor"]["body"];
         body["image"] = BUSYBOX_BODY_IMAGE.into();
         if name == TASK {

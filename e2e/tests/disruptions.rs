@@ -1,0 +1,605 @@
+//! Faults of the cluster itself under a real workload: many workflows in flight across several
+//! executor pods while the API server is away, while containerd and the kubelet restart, and
+//! while the operator's leader is killed. The promises are the fault suite's: every workflow
+//! completes, each branch holds its one publication, no staging branch is left, and the
+//! operator converges afterwards.
+//!
+//! The scenarios share one node and run one at a time. `PERAGO_E2E_DISRUPTION_RUNS` repeats
+//! each (1 by default; docs/reliability.md gives the full count's command).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, EvictParams, ListParams};
+use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
+use perago_e2e::lake::Lake;
+use perago_e2e::node::ctr;
+use perago_e2e::pod::ConductorApi;
+use perago_e2e::workload::{Outcome, Workload, workspace_task_with};
+use perago_e2e::{Selection, Services, shared};
+use serde_json::json;
+use tokio::sync::{Mutex, OnceCell};
+
+static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
+/// One scenario at a time: each disrupts the whole node.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
+    if perago_e2e::node_opted_out(test) {
+        return None;
+    }
+    let services = shared(Selection::ALL).await;
+    let cluster = OPERATOR
+        .get_or_init(|| async {
+            let cluster = Cluster::new(services).unwrap();
+            // Two replicas (the chart's default): one leads, one waits.
+            let took = cluster
+                .install_operator(&["--set", "resyncSeconds=10"])
+                .unwrap();
+            eprintln!("operator installed by helm and available in {took:.1?}");
+            cluster
+        })
+        .await;
+    Some((services, cluster))
+}
+
+fn runs() -> usize {
+    env_number("PERAGO_E2E_DISRUPTION_RUNS", 1)
+}
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Writes a file named by its workflow: a retry of an attempt whose publication landed finds
+/// nothing to change, so a branch holds one publication whatever the faults did.
+const BODY: &str = r#"
+set -eu
+sleep 2
+echo "row of $PERAGO_WORKFLOW_INSTANCE_ID" > "$PERAGO_WORKSPACE/out.txt"
+printf '{"files": 1}' > "$PERAGO_RESULT"
+"#;
+
+/// A task of `replicas` pods with two slots each in its own namespace, once Ready, and a
+/// lakeFS repository seeded for it.
+async fn task(
+    services: &Services,
+    cluster: &Cluster,
+    name: &str,
+    replicas: i32,
+) -> (Lake, String, String) {
+    let namespace = name;
+    cluster.task_namespace(namespace).unwrap();
+    let spec = json!({
+        "controls": {
+            "retry": {"count": 3, "logic": "FIXED", "delaySeconds": 0},
+            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": 30},
+        },
+        "executor": {"slots": 2, "replicas": replicas},
+    });
+    cluster
+        .apply(&workspace_task_with(namespace, name, BODY, &spec))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let lake = Lake::of(services.lakefs());
+    let repository = format!("{name}-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    (lake, repository, input_ref)
+}
+
+/// The restart count of every container of the pods selected, by pod uid and container.
+async fn restarts(pods: &Api<Pod>, selector: &str) -> BTreeMap<String, i32> {
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    for pod in list.items {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        for status in pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+        {
+            counts.insert(format!("{uid}/{}", status.name), status.restart_count);
+        }
+    }
+    counts
+}
+
+/// Until `count` pods of the task run with every container ready; how long that took.
+async fn wait_running(
+    client: &kube::Client,
+    namespace: &str,
+    count: usize,
+    limit: Duration,
+) -> Duration {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("perago.io/task={namespace}");
+    let started = Instant::now();
+    loop {
+        let ready = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map(|list| {
+                list.items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter(|p| {
+                        p.status
+                            .as_ref()
+                            .and_then(|s| s.container_statuses.as_ref())
+                            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c.ready))
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if ready == count {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{ready} of {count} pods of {namespace} ready after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// One row of a scenario's table: the outcome, and whether it holds every promise.
+fn report(scenario: &str, run: usize, outcome: &Outcome, extra: &str) {
+    eprintln!("[{scenario}] run {run}: {outcome}; {extra}");
+    assert!(
+        outcome.holds_the_promises(),
+        "[{scenario}] run {run}: {outcome}"
+    );
+}
+
+/// The API server killed and kept away for a minute while workflows run on two executor
+/// pods. The pods need only Conductor and lakeFS: workflows complete during the outage, and
+/// no attempt fails. When the API server is back, the operator (two replicas) converges
+/// without a restart of its pods and without a second Deployment: the task is Ready, and a
+/// scale made afterwards is followed.
+#[tokio::test]
+async fn executor_pods_work_through_an_api_server_outage_and_the_operator_converges() {
+    let test = "executor_pods_work_through_an_api_server_outage_and_the_operator_converges";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let down = Duration::from_secs(env_number("PERAGO_E2E_APISERVER_DOWN_SECONDS", 60) as u64);
+    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 80);
+    let name = "api-outage";
+    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let operator = "app.kubernetes.io/name=perago-operator";
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), name);
+    let selector = format!("perago.io/task={name}");
+
+    for run in 1..=runs() {
+        cluster
+            .kubectl(&[
+                "scale",
+                "-n",
+                name,
+                &format!("peragotask/{name}"),
+                "--replicas=2",
+            ])
+            .unwrap();
+        wait_running(&client, name, 2, Duration::from_secs(120)).await;
+        let operator_before = restarts(&operator_pods, operator).await;
+        let workload = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("run{run}"),
+            workflows,
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+
+        let finished_before = workload.finished(&conductor).await;
+        let started = Instant::now();
+        services
+            .kube()
+            .crash_and_restart_apiserver(down)
+            .await
+            .unwrap();
+        let back = Instant::now();
+        let finished_during = workload.finished(&conductor).await;
+        eprintln!(
+            "[api-outage] run {run}: API server away {:.1?}; {} workflows finished while it was",
+            back - started,
+            finished_during - finished_before
+        );
+
+        // The operator converges: Ready again, one Deployment, and it follows a new scale.
+        cluster.wait_ready(name, name).unwrap();
+        cluster
+            .kubectl(&[
+                "scale",
+                "-n",
+                name,
+                &format!("peragotask/{name}"),
+                "--replicas=3",
+            ])
+            .unwrap();
+        wait_running(&client, name, 3, Duration::from_secs(120)).await;
+        let converged = back.elapsed();
+        workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        let owned = deployments
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        let operator_after = restarts(&operator_pods, operator).await;
+        report(
+            "api-outage",
+            run,
+            &outcome,
+            &format!(
+                "{} finished during the outage; converged {converged:.1?} after the API server was back",
+                finished_during - finished_before
+            ),
+        );
+        assert!(
+            finished_during > finished_before,
+            "the executor pods completed no workflow while the API server was away"
+        );
+        assert_eq!(outcome.failed_attempts, 0, "{outcome}");
+        assert_eq!(owned.items.len(), 1, "one Deployment for the task");
+        assert_eq!(
+            operator_after, operator_before,
+            "the operator's containers were not restarted"
+        );
+    }
+}
+
+/// containerd killed and started again, then the kubelet, while attempts run: the containers
+/// keep running through both (their shims outlive containerd), no attempt fails, and every
+/// workflow completes with its one publication.
+#[tokio::test]
+async fn attempts_run_through_containerd_and_kubelet_restarts() {
+    let test = "attempts_run_through_containerd_and_kubelet_restarts";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
+    let name = "node-restarts";
+    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+    let selector = format!("perago.io/task={name}");
+    let node = services.node();
+
+    for run in 1..=runs() {
+        wait_running(&client, name, 2, Duration::from_secs(120)).await;
+        let before = restarts(&pods, &selector).await;
+        let workload = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("run{run}"),
+            workflows,
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        node.containerd
+            .crash_and_restart(Duration::from_secs(3))
+            .await
+            .unwrap();
+        // The containers still run: the restarted containerd lists their tasks.
+        let tasks = ctr(&node.containerd.socket, &["tasks", "ls"]).unwrap();
+        assert!(
+            tasks.lines().filter(|l| l.contains("RUNNING")).count() >= 4,
+            "the pods' containers run after containerd's restart:\n{tasks}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        node.crash_and_restart_kubelet(Duration::from_secs(3))
+            .await
+            .unwrap();
+        let took = workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        let after = restarts(&pods, &selector).await;
+        report(
+            "containerd-kubelet",
+            run,
+            &outcome,
+            &format!("finished {took:.1?} after the first restart"),
+        );
+        assert_eq!(outcome.failed_attempts, 0, "{outcome}");
+        assert_eq!(after, before, "the pods and their containers are the same");
+    }
+}
+
+/// Evictions through the Eviction API (as `kubectl drain` makes them) while attempts run on
+/// both pods of a task with the PodDisruptionBudget of `deploy/examples/disruption-budget.yaml`
+/// (one pod unavailable at most): the first eviction is granted, the second is refused while
+/// the first pod drains, and granted once its replacement is ready. Each evicted pod finishes,
+/// publishes and reports what it runs before it exits: no attempt fails.
+#[tokio::test]
+async fn evictions_honour_the_budget_and_an_evicted_pod_publishes_what_it_runs() {
+    let test = "evictions_honour_the_budget_and_an_evicted_pod_publishes_what_it_runs";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
+    let name = "evictions";
+    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
+    let example = include_str!("../../deploy/examples/disruption-budget.yaml");
+    let mut budget: serde_json::Value = serde_yaml::from_str(example).unwrap();
+    budget["metadata"] = json!({"name": name, "namespace": name});
+    budget["spec"]["selector"]["matchLabels"]["perago.io/task"] = json!(name);
+    cluster.apply(&budget.to_string()).unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), name);
+    let selector = format!("perago.io/task={name}");
+    let evict = |pod: String| {
+        let pods = pods.clone();
+        async move { pods.evict(&pod, &EvictParams::default()).await.map(|_| ()) }
+    };
+
+    for run in 1..=runs() {
+        wait_running(&client, name, 2, Duration::from_secs(120)).await;
+        wait_allowed(&budgets, name, 1).await;
+        let workload = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("run{run}"),
+            workflows,
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let names: Vec<String> = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        evict(names[0].clone()).await.unwrap();
+        let refused = evict(names[1].clone()).await;
+        assert!(
+            matches!(&refused, Err(kube::Error::Api(e)) if e.code == 429),
+            "the second eviction is refused while the first pod drains: {refused:?}"
+        );
+        let drained = Instant::now();
+        wait_gone(&pods, &names[0]).await;
+        let drained = drained.elapsed();
+        wait_running(&client, name, 2, Duration::from_secs(120)).await;
+        wait_allowed(&budgets, name, 1).await;
+        evict(names[1].clone()).await.unwrap();
+        let took = workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        report(
+            "evictions",
+            run,
+            &outcome,
+            &format!("the first evicted pod drained in {drained:.1?}; all finished in {took:.1?}"),
+        );
+        assert_eq!(outcome.failed_attempts, 0, "{outcome}");
+    }
+}
+
+/// Until the budget allows `allowed` disruptions.
+async fn wait_allowed(budgets: &Api<PodDisruptionBudget>, name: &str, allowed: i32) {
+    let started = Instant::now();
+    loop {
+        let status = budgets.get(name).await.ok().and_then(|b| b.status);
+        if status
+            .as_ref()
+            .is_some_and(|s| s.disruptions_allowed == allowed)
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the budget {name} does not allow {allowed} disruption: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Until the pod is gone (two minutes at most).
+async fn wait_gone(pods: &Api<Pod>, name: &str) {
+    let started = Instant::now();
+    while pods.get_opt(name).await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{name} still there after two minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The operator's leader killed (SIGKILL of its container) right after a scale is asked for
+/// and right after the task's TaskDef drifted in Conductor: the standby takes the Lease and
+/// finishes both, and the killed replica comes back as a standby.
+#[tokio::test]
+async fn the_standby_finishes_what_a_killed_leader_started() {
+    let test = "the_standby_finishes_what_a_killed_leader_started";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let name = "leader-kill";
+    task(services, cluster, name, 1).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let task_name = format!("{name}.{name}");
+
+    for run in 1..=runs() {
+        // A scale wave: from 1 to 3 pods, the leader killed as it starts.
+        wait_running(&client, name, 1, Duration::from_secs(120)).await;
+        cluster
+            .kubectl(&[
+                "scale",
+                "-n",
+                name,
+                &format!("peragotask/{name}"),
+                "--replicas=3",
+            ])
+            .unwrap();
+        let (killed, started) =
+            kill_leader(&leases, &operator_pods, &services.node().containerd.socket).await;
+        let scaled = wait_running(&client, name, 3, Duration::from_secs(120)).await;
+        let holder = leader(&leases).await;
+
+        // TaskDef drift: the TaskDef's timeout changed behind the operator's back.
+        let mut def = conductor
+            .call(
+                reqwest::Method::GET,
+                &format!("/metadata/taskdefs/{task_name}"),
+                None,
+            )
+            .await;
+        let wanted = def["timeoutSeconds"].clone();
+        def["timeoutSeconds"] = json!(7);
+        conductor
+            .call(reqwest::Method::PUT, "/metadata/taskdefs", Some(&def))
+            .await;
+        let (killed_again, drift_started) =
+            kill_leader(&leases, &operator_pods, &services.node().containerd.socket).await;
+        let repaired = loop {
+            let def = conductor
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/metadata/taskdefs/{task_name}"),
+                    None,
+                )
+                .await;
+            if def["timeoutSeconds"] == wanted {
+                break drift_started.elapsed();
+            }
+            assert!(
+                drift_started.elapsed() < Duration::from_secs(120),
+                "the TaskDef's drift was not repaired: {def}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        eprintln!(
+            "[leader-kill] run {run}: {killed} killed under a scale wave, 3 pods {scaled:.1?} later \
+             (leader now {holder}, {:.1?} after the kill); {killed_again} killed under a TaskDef \
+             drift, repaired {repaired:.1?} later",
+            started.elapsed()
+        );
+        let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+        let list = pods
+            .list(&ListParams::default().labels(&format!("perago.io/task={name}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            list.items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .count(),
+            3,
+            "no pod beyond the 3 asked for"
+        );
+        cluster
+            .kubectl(&[
+                "scale",
+                "-n",
+                name,
+                &format!("peragotask/{name}"),
+                "--replicas=1",
+            ])
+            .unwrap();
+        wait_running(&client, name, 1, Duration::from_secs(120)).await;
+        // Both replicas are back before the next run.
+        wait_operator_ready(&operator_pods).await;
+    }
+}
+
+/// The holder of the operator's Lease.
+async fn leader(leases: &Api<Lease>) -> String {
+    leases
+        .get("perago-operator")
+        .await
+        .ok()
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default()
+}
+
+/// SIGKILL the operator container of the pod holding the Lease; its name and when.
+async fn kill_leader(
+    leases: &Api<Lease>,
+    pods: &Api<Pod>,
+    socket: &std::path::Path,
+) -> (String, Instant) {
+    let holder = leader(leases).await;
+    let pod = pods.get(&holder).await.unwrap();
+    let container = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "operator")
+        .and_then(|c| c.container_id)
+        .unwrap();
+    let id = container.trim_start_matches("containerd://");
+    ctr(socket, &["tasks", "kill", "--signal", "SIGKILL", id]).unwrap();
+    (holder, Instant::now())
+}
+
+/// Until every operator pod runs with its containers ready.
+async fn wait_operator_ready(pods: &Api<Pod>) {
+    let started = Instant::now();
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=perago-operator"))
+            .await
+            .unwrap();
+        if list.items.iter().all(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|c| c.iter().all(|c| c.ready))
+        }) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the operator's pods are not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
