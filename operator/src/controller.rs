@@ -538,6 +538,7 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .zip(deployments.into_iter().zip(config_maps))
         .map(|(tasks, (deployments, config_maps))| {
             Controller::new(tasks, watcher::Config::default())
+                .trigger_backoff(crate::owned::WatchBackoff::default())
                 .owns_stream(deployments)
                 .owns_stream(config_maps)
         })
