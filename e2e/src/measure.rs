@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 /// The pids of every process named `comm`.
-fn processes(comm: &str) -> Vec<u32> {
+pub fn processes(comm: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

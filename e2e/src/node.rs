@@ -192,6 +192,15 @@ pub struct Containerd {
 }
 
 impl Containerd {
+    /// Start containerd again after [`Node::restart`] stopped it.
+    async fn start_again(&self) -> Result<()> {
+        self.process
+            .start(async |mut command| {
+                spawn_containerd(&mut command, self.log.clone(), &self.socket).await
+            })
+            .await
+    }
+
     /// Kill containerd alone at once (SIGKILL), leave it down for `down`, and start it again
     /// on the same state; the shims and the containers they run keep running, as they do
     /// when a node's containerd restarts.
@@ -652,6 +661,47 @@ syncFrequency: 10s
         let healthz = format!("http://127.0.0.1:{healthz_port}/healthz");
         let kubelet = spawn_kubelet(&mut cmd, dir.join("kubelet.log"), &healthz).await?;
         Ok((Restartable::running(cmd, kubelet), healthz))
+    }
+
+    /// The node restarted: the kubelet and containerd killed (SIGKILL) and every container
+    /// with them, down for `down`, then containerd and the kubelet started again on the same
+    /// state, as after a power cut. The kubelet then starts every pod's containers again in new
+    /// sandboxes; what the pods kept on the node's disk (their emptyDirs) is still there.
+    /// kube-proxy keeps running: its rules would be made again the same.
+    pub async fn restart(&self, down: Duration) -> Result<()> {
+        self.kubelet.crash().await?;
+        self.containerd.process.crash_alone().await?;
+        // Every container goes with its shim, unseen by containerd: the shims of this node's
+        // containerd and everything below them.
+        let address = format!("-address\0{}\0", self.containerd.socket.display());
+        for shim in crate::measure::processes("containerd-shim") {
+            let cmdline = std::fs::read(format!("/proc/{shim}/cmdline")).unwrap_or_default();
+            if !String::from_utf8_lossy(&cmdline).contains(&address) {
+                continue;
+            }
+            for pid in crate::measure::ProcessTree::new(shim).members() {
+                let pid = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        tokio::time::sleep(down).await;
+        let started = Instant::now();
+        self.containerd.start_again().await?;
+        self.kubelet
+            .start(async |mut command| {
+                spawn_kubelet(
+                    &mut command,
+                    self.kubelet_log.clone(),
+                    &self.kubelet_healthz,
+                )
+                .await
+            })
+            .await?;
+        eprintln!(
+            "[e2e] node restarted (containerd and the kubelet) in {:.1?}",
+            started.elapsed()
+        );
+        Ok(())
     }
 
     /// Kill the kubelet at once (SIGKILL), leave it down for `down`, and start it again on

@@ -160,16 +160,31 @@ impl Restartable {
         self.restart(ServerProcess::kill_alone, down, start).await
     }
 
+    /// Kill the server at once (SIGKILL) and leave it down until [`start`](Self::start).
+    pub async fn crash(&self) -> Result<()> {
+        self.stop(ServerProcess::kill).await
+    }
+
+    /// As [`crash`](Self::crash), what the server started living on.
+    pub async fn crash_alone(&self) -> Result<()> {
+        self.stop(ServerProcess::kill_alone).await
+    }
+
+    async fn stop(&self, kill: fn(ServerProcess)) -> Result<()> {
+        let process = self.slot().take();
+        if let Some(process) = process {
+            tokio::task::spawn_blocking(move || kill(process)).await?;
+        }
+        Ok(())
+    }
+
     async fn restart(
         &self,
         kill: fn(ServerProcess),
         down: Duration,
         start: impl AsyncFnOnce(Command) -> Result<ServerProcess>,
     ) -> Result<()> {
-        let process = self.slot().take();
-        if let Some(process) = process {
-            tokio::task::spawn_blocking(move || kill(process)).await?;
-        }
+        self.stop(kill).await?;
         tokio::time::sleep(down).await;
         self.start(start).await
     }

@@ -77,12 +77,23 @@ async fn task(
     name: &str,
     replicas: i32,
 ) -> (Lake, String, String) {
+    task_with_response_timeout(services, cluster, name, replicas, 30).await
+}
+
+/// [`task`], with Conductor's response timeout of the task at `response_seconds`.
+async fn task_with_response_timeout(
+    services: &Services,
+    cluster: &Cluster,
+    name: &str,
+    replicas: i32,
+    response_seconds: i32,
+) -> (Lake, String, String) {
     let namespace = name;
     cluster.task_namespace(namespace).unwrap();
     let spec = json!({
         "controls": {
             "retry": {"count": 3, "logic": "FIXED", "delaySeconds": 0},
-            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": 30},
+            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": response_seconds},
         },
         "executor": {"slots": 2, "replicas": replicas},
     });
@@ -327,6 +338,76 @@ async fn attempts_run_through_containerd_and_kubelet_restarts() {
         );
         assert_eq!(outcome.failed_attempts, 0, "{outcome}");
         assert_eq!(after, before, "the pods and their containers are the same");
+    }
+}
+
+/// The node restarted under running attempts: the kubelet and containerd killed with every
+/// container, as in a power cut, and started again 5 s later. The kubelet starts the pods'
+/// containers again in the same pods; the attempts the restart cut are retried once Conductor's
+/// response timeout (10 s here) passes, and every workflow completes with one publication.
+#[tokio::test]
+async fn attempts_cut_by_a_node_restart_are_retried_and_publish_once() {
+    let test = "attempts_cut_by_a_node_restart_are_retried_and_publish_once";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
+    let name = "node-restart";
+    let (lake, repository, input_ref) =
+        task_with_response_timeout(services, cluster, name, 2, 10).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+    let selector = format!("perago.io/task={name}");
+
+    for run in 1..=runs() {
+        wait_running(&client, name, 2, Duration::from_secs(180)).await;
+        let before = restarts(&pods, &selector).await;
+        let workload = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("run{run}"),
+            workflows,
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let cut = Instant::now();
+        services
+            .node()
+            .restart(Duration::from_secs(5))
+            .await
+            .unwrap();
+        wait_running(&client, name, 2, Duration::from_secs(180)).await;
+        let ready_again = cut.elapsed();
+        workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let finished = cut.elapsed();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        let after = restarts(&pods, &selector).await;
+        report(
+            "node-restart",
+            run,
+            &outcome,
+            &format!(
+                "pods ready again {ready_again:.1?} after the cut; every workflow finished \
+                 {finished:.1?} after it"
+            ),
+        );
+        assert_eq!(
+            after.keys().collect::<Vec<_>>(),
+            before.keys().collect::<Vec<_>>(),
+            "the same pods, their containers started again"
+        );
+        assert!(
+            after.iter().all(|(container, n)| *n > before[container]),
+            "every container was started again: {before:?} → {after:?}"
+        );
     }
 }
 
