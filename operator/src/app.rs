@@ -366,6 +366,7 @@ fn run(
                     // leave every replica in a crash-loop back-off when it ends).
                     metrics.leader.set(0);
                     metrics.leadership_lost.inc();
+                    metrics.forget_tasks();
                     tracing::warn!(identity = %identity, "lost the leader lease; stopped reconciling");
                 }
             }

@@ -121,6 +121,19 @@ impl Metrics {
         })
     }
 
+    /// Forget every per-task gauge: a replica that stopped leading reports none, so only the
+    /// leader's figures are scraped.
+    pub fn forget_tasks(&self) {
+        for gauge in [
+            &self.task_queued,
+            &self.task_running,
+            &self.task_replicas,
+            &self.task_ready,
+        ] {
+            gauge.reset();
+        }
+    }
+
     pub fn task_queued(&self, task: &PeragoTask) -> IntGauge {
         self.task_queued.with_label_values(&task_labels(task))
     }
