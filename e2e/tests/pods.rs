@@ -1436,6 +1436,96 @@ printf '{"files": 0}' > "$PERAGO_RESULT""#;
         .unwrap();
 }
 
+/// A workspace larger than the pod's work volume (a 16 MiB tmpfs, as the kubelet mounts a
+/// memory emptyDir with its size limit): the download fails naming the write and the full
+/// device, nothing is published and no staging branch is made, the attempt's files are
+/// removed, and the same pod then publishes a workspace that fits.
+#[tokio::test]
+async fn a_full_work_volume_fails_the_download_and_the_pod_serves_on() {
+    let Some((services, cluster)) =
+        cluster("a_full_work_volume_fails_the_download_and_the_pod_serves_on").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-full", "full");
+    cluster.task_namespace(namespace).unwrap();
+    let spec = json!({
+        "controls": {"retry": {"count": 0, "logic": "FIXED", "delaySeconds": 0}},
+        "executor": {"workVolume": {"emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}},
+    });
+    cluster
+        .apply(&workspace_task_with(namespace, name, PUBLISH_BODY, &spec))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let lake = Lake::of(services.lakefs());
+    let repository = format!("pods-full-{}", std::process::id());
+    let big = "x".repeat(24 << 20);
+    let too_big = lake
+        .seed(
+            &repository,
+            &[("data/in.txt", "seed"), ("data/big.bin", &big)],
+        )
+        .await
+        .unwrap();
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+
+    let failed = start_step(
+        &conductor,
+        namespace,
+        name,
+        "full",
+        &repository,
+        &too_big,
+        1,
+    )
+    .await;
+    let finished = conductor.finished(&failed).await;
+    assert_eq!(finished["status"], "FAILED", "{finished}");
+    let reason = finished["tasks"][0]["reasonForIncompletion"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("No space left on device") && reason.contains("big.bin"),
+        "the reason names the write and the full device: {reason}"
+    );
+    let head = lake
+        .get(&format!("/repositories/{repository}/branches/main"))
+        .await
+        .unwrap();
+    assert_eq!(head["commit_id"], json!(too_big), "nothing published");
+    let staging = lake
+        .get(&format!(
+            "/repositories/{repository}/branches?prefix=perago-staging-"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        staging["results"],
+        json!([]),
+        "no staging branch: {staging}"
+    );
+
+    // The same pod serves on: the failed attempt's files are gone, and a workspace that fits
+    // is published.
+    let (lake, small, input_ref) = seeded(services, "pods-full-small").await;
+    let ok = start_step(&conductor, namespace, name, "fits", &small, &input_ref, 2).await;
+    let done = conductor.finished(&ok).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(
+        done["tasks"][0]["workerId"], finished["tasks"][0]["workerId"],
+        "the same pod"
+    );
+    let head = done["tasks"][0]["outputData"]["workspace"]["ref"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        lake.object(&small, head, "data/out/part-1.txt")
+            .await
+            .unwrap(),
+        "row 1 of seed\n"
+    );
+}
+
 const CHURN_BODY: &str = r#"
 set -eu
 sleep 2
