@@ -21,7 +21,8 @@ use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
 use perago_e2e::lake::Lake;
 use perago_e2e::node::ctr;
 use perago_e2e::pod::ConductorApi;
-use perago_e2e::workload::{Outcome, Workload, workspace_task_with};
+use perago_e2e::storage::Storage;
+use perago_e2e::workload::{Outcome, Workload, merge, workspace_task_with};
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
 use tokio::sync::{Mutex, OnceCell};
@@ -34,7 +35,13 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
     if perago_e2e::node_opted_out(test) {
         return None;
     }
-    let services = shared(Selection::ALL).await;
+    // lakeFS and Conductor on PostgreSQL (and lakeFS's objects in s3proxy): both keep their
+    // state through the restarts below, as production servers do.
+    let services = shared(Selection {
+        storage: Storage::PostgresS3,
+        ..Selection::ALL
+    })
+    .await;
     let cluster = OPERATOR
         .get_or_init(|| async {
             let cluster = Cluster::new(services).unwrap();
@@ -77,28 +84,34 @@ async fn task(
     name: &str,
     replicas: i32,
 ) -> (Lake, String, String) {
-    task_with_response_timeout(services, cluster, name, replicas, 30).await
+    task_with(
+        services,
+        cluster,
+        name,
+        &json!({"executor": {"replicas": replicas}}),
+    )
+    .await
 }
 
-/// [`task`], with Conductor's response timeout of the task at `response_seconds`.
-async fn task_with_response_timeout(
+/// A task of pods with two slots each, retried 3 times, with `spec` merged into its spec.
+async fn task_with(
     services: &Services,
     cluster: &Cluster,
     name: &str,
-    replicas: i32,
-    response_seconds: i32,
+    spec: &serde_json::Value,
 ) -> (Lake, String, String) {
     let namespace = name;
     cluster.task_namespace(namespace).unwrap();
-    let spec = json!({
+    let mut full = json!({
         "controls": {
             "retry": {"count": 3, "logic": "FIXED", "delaySeconds": 0},
-            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": response_seconds},
+            "timeout": {"policy": "RETRY", "seconds": 60, "responseSeconds": 30},
         },
-        "executor": {"slots": 2, "replicas": replicas},
+        "executor": {"slots": 2},
     });
+    merge(&mut full, spec);
     cluster
-        .apply(&workspace_task_with(namespace, name, BODY, &spec))
+        .apply(&workspace_task_with(namespace, name, BODY, &full))
         .unwrap();
     cluster.wait_ready(namespace, name).unwrap();
     let lake = Lake::of(services.lakefs());
@@ -354,8 +367,16 @@ async fn attempts_cut_by_a_node_restart_are_retried_and_publish_once() {
     let _one = ONE_AT_A_TIME.lock().await;
     let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
     let name = "node-restart";
-    let (lake, repository, input_ref) =
-        task_with_response_timeout(services, cluster, name, 2, 10).await;
+    let (lake, repository, input_ref) = task_with(
+        services,
+        cluster,
+        name,
+        &json!({
+            "controls": {"timeout": {"responseSeconds": 10}},
+            "executor": {"replicas": 2},
+        }),
+    )
+    .await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), name);
@@ -407,6 +428,72 @@ async fn attempts_cut_by_a_node_restart_are_retried_and_publish_once() {
         assert!(
             after.iter().all(|(container, n)| *n > before[container]),
             "every container was started again: {before:?} → {after:?}"
+        );
+    }
+}
+
+/// lakeFS and Conductor, the real processes, killed (SIGKILL) and started again on their state
+/// while 40 workflows run on an autoscaled task (1 to 4 pods): lakeFS 3 s into the workload, Conductor 5 s later,
+/// lakeFS again once Conductor is back. Whatever each kill cut (downloads, stages, merges,
+/// polls, lease extensions, reports), every workflow completes with one publication.
+#[tokio::test]
+async fn lakefs_and_conductor_restarts_lose_nothing_and_publish_once() {
+    let test = "lakefs_and_conductor_restarts_lose_nothing_and_publish_once";
+    let Some((services, cluster)) = cluster(test).await else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
+    let name = "server-restarts";
+    // Autoscaled: the operator sizes the task from Conductor's queue while the servers go.
+    let autoscaled = json!({"executor": {"autoscaling": {
+        "minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 8,
+        "scaleDownStabilizationSeconds": 10,
+    }}});
+    let (lake, repository, input_ref) = task_with(services, cluster, name, &autoscaled).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+
+    for run in 1..=runs() {
+        let workload = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("run{run}"),
+            workflows,
+        )
+        .await
+        .unwrap();
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let lakefs = services.lakefs();
+        lakefs
+            .crash_and_restart(Duration::from_secs(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        services
+            .conductor()
+            .crash_and_restart(Duration::from_secs(1))
+            .await
+            .unwrap();
+        lakefs
+            .crash_and_restart(Duration::from_secs(1))
+            .await
+            .unwrap();
+        workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        report(
+            "server-restarts",
+            run,
+            &outcome,
+            &format!(
+                "every workflow done {:.1?} after the start",
+                started.elapsed()
+            ),
         );
     }
 }
