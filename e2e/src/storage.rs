@@ -128,6 +128,11 @@ impl Postgres {
                 String::from_utf8_lossy(&initdb.stderr)
             );
         }
+        // initdb trusts loopback only; on the node the servers reach it on the bridge address.
+        let hba = cluster.join("pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba).context("reading pg_hba.conf")?;
+        rules.push_str(&format!("host all all {host}/32 trust\n"));
+        std::fs::write(&hba, rules).context("writing pg_hba.conf")?;
         let port = free_port()?;
         let mut command = as_server_user(&bin.join("postgres"), &cluster)?;
         command

@@ -155,6 +155,14 @@ pub struct WebhookArgs {
     /// Make, renew and publish the certificate; false when cert-manager does.
     #[arg(long, env = "PERAGO_WEBHOOK_MANAGE_CERTIFICATE", default_value_t = true, action = clap::ArgAction::Set)]
     webhook_manage_certificate: bool,
+    /// Seconds between looks at the certificate: renewed when due, reloaded when the Secret
+    /// changed, the caBundle mended.
+    #[arg(
+        long,
+        env = "PERAGO_WEBHOOK_CERTIFICATE_CHECK_SECONDS",
+        default_value_t = 60
+    )]
+    webhook_certificate_check_seconds: u64,
 }
 
 /// Start the webhook in the background: it serves once its certificate is there (a
@@ -174,6 +182,7 @@ fn start_webhook(
         service: args.webhook_service,
         configuration: args.webhook_configuration,
         manage: args.webhook_manage_certificate,
+        check_every: std::time::Duration::from_secs(args.webhook_certificate_check_seconds.max(1)),
     };
     let (client, metrics) = (client.clone(), metrics.clone());
     metrics

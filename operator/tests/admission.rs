@@ -52,7 +52,15 @@ async fn the_webhook_refuses_what_the_check_refuses() {
     }
     let services = shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
-    cluster.install_operator(&[]).unwrap();
+    // The certificate looked at every 2 s, so its renewal below is not a minute's wait.
+    cluster
+        .install_operator(&[
+            "--set",
+            "extraEnv[0].name=PERAGO_WEBHOOK_CERTIFICATE_CHECK_SECONDS",
+            "--set-string",
+            "extraEnv[0].value=2",
+        ])
+        .unwrap();
     cluster.task_namespace(NAMESPACE).unwrap();
     // Both replicas serve, the standby as well as the leader.
     let logs = cluster.operator_logs().unwrap();

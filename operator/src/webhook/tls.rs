@@ -48,6 +48,8 @@ pub struct Settings {
     pub service: String,
     pub configuration: String,
     pub manage: bool,
+    /// How often [`keep_fresh`] looks at the certificate.
+    pub check_every: Duration,
 }
 
 /// A serving certificate and key, and the authority clients trust, all PEM.
@@ -267,14 +269,15 @@ pub async fn prepare(
     Ok((pem, config))
 }
 
-/// Every minute: renew when due, reload what the Secret holds, keep the `caBundle` right.
+/// Every `settings.check_every` (a minute by default): renew when due, reload what the Secret
+/// holds, keep the `caBundle` right.
 pub async fn keep_fresh(
     client: kube::Client,
     settings: Settings,
     config: RustlsConfig,
     mut pem: Pem,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    let mut tick = tokio::time::interval(settings.check_every);
     tick.tick().await;
     loop {
         tick.tick().await;
