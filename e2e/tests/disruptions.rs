@@ -25,7 +25,7 @@ use perago_e2e::storage::Storage;
 use perago_e2e::workload::{Outcome, Workload, merge, workspace_task_with};
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 /// One scenario at a time: each disrupts the whole node.
@@ -76,23 +76,6 @@ echo "row of $PERAGO_WORKFLOW_INSTANCE_ID" > "$PERAGO_WORKSPACE/out.txt"
 printf '{"files": 1}' > "$PERAGO_RESULT"
 "#;
 
-/// A task of `replicas` pods with two slots each in its own namespace, once Ready, and a
-/// lakeFS repository seeded for it.
-async fn task(
-    services: &Services,
-    cluster: &Cluster,
-    name: &str,
-    replicas: i32,
-) -> (Lake, String, String) {
-    task_with(
-        services,
-        cluster,
-        name,
-        &json!({"executor": {"replicas": replicas}}),
-    )
-    .await
-}
-
 /// A task of pods with two slots each, retried 3 times, with `spec` merged into its spec.
 async fn task_with(
     services: &Services,
@@ -121,6 +104,59 @@ async fn task_with(
         .await
         .unwrap();
     (lake, repository, input_ref)
+}
+
+/// What every scenario starts from, once no other scenario runs: the node, its task `name`
+/// (two slots a pod, `spec` merged in) Ready, a repository seeded for it, and the clients.
+struct Scenario {
+    services: &'static Services,
+    cluster: &'static Cluster,
+    lake: Lake,
+    repository: String,
+    input_ref: String,
+    conductor: ConductorApi,
+    client: kube::Client,
+    /// Held to the scenario's end.
+    _one: MutexGuard<'static, ()>,
+}
+
+/// The [`Scenario`] of `test`; `None` when the developer opted out of the node's tests.
+async fn scenario(test: &str, name: &str, spec: serde_json::Value) -> Option<Scenario> {
+    let (services, cluster) = cluster(test).await?;
+    let one = ONE_AT_A_TIME.lock().await;
+    let (lake, repository, input_ref) = task_with(services, cluster, name, &spec).await;
+    Some(Scenario {
+        services,
+        cluster,
+        lake,
+        repository,
+        input_ref,
+        conductor: ConductorApi::new(&services.conductor().api_url),
+        client: services.kube().client().await.unwrap(),
+        _one: one,
+    })
+}
+
+/// Start run `run`'s workload on the task `name`: `PERAGO_E2E_DISRUPTION_WORKFLOWS` workflows
+/// (else `default`), each on a branch of its own.
+async fn start_workload(
+    (lake, conductor): (&Lake, &ConductorApi),
+    name: &str,
+    (repository, input_ref): (&str, &str),
+    run: usize,
+    default: usize,
+) -> Workload {
+    let count = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", default);
+    Workload::start(
+        lake,
+        conductor,
+        &format!("{name}.{name}"),
+        (repository, input_ref),
+        &format!("run{run}"),
+        count,
+    )
+    .await
+    .unwrap()
 }
 
 /// The restart count of every container of the pods selected, by pod uid and container.
@@ -198,16 +234,22 @@ fn report(scenario: &str, run: usize, outcome: &Outcome, extra: &str) {
 #[tokio::test]
 async fn executor_pods_work_through_an_api_server_outage_and_the_operator_converges() {
     let test = "executor_pods_work_through_an_api_server_outage_and_the_operator_converges";
-    let Some((services, cluster)) = cluster(test).await else {
+    let name = "api-outage";
+    let replicas = json!({"executor": {"replicas": 2}});
+    let Some(Scenario {
+        services,
+        cluster,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        client,
+        _one,
+    }) = scenario(test, name, replicas).await
+    else {
         return;
     };
-    let _one = ONE_AT_A_TIME.lock().await;
     let down = Duration::from_secs(env_number("PERAGO_E2E_APISERVER_DOWN_SECONDS", 60) as u64);
-    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 80);
-    let name = "api-outage";
-    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let client = services.kube().client().await.unwrap();
     let operator_pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let operator = "app.kubernetes.io/name=perago-operator";
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), name);
@@ -217,16 +259,14 @@ async fn executor_pods_work_through_an_api_server_outage_and_the_operator_conver
         scale(cluster, name, 2);
         wait_running(&client, name, 2, Duration::from_secs(120)).await;
         let operator_before = restarts(&operator_pods, operator).await;
-        let workload = Workload::start(
-            &lake,
-            &conductor,
-            &format!("{name}.{name}"),
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
             (&repository, &input_ref),
-            &format!("run{run}"),
-            workflows,
+            run,
+            80,
         )
-        .await
-        .unwrap();
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
 
         let finished_before = workload.finished(&conductor).await;
@@ -296,15 +336,21 @@ async fn executor_pods_work_through_an_api_server_outage_and_the_operator_conver
 #[tokio::test]
 async fn attempts_run_through_containerd_and_kubelet_restarts() {
     let test = "attempts_run_through_containerd_and_kubelet_restarts";
-    let Some((services, cluster)) = cluster(test).await else {
+    let name = "node-restarts";
+    let replicas = json!({"executor": {"replicas": 2}});
+    let Some(Scenario {
+        services,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        client,
+        _one,
+        ..
+    }) = scenario(test, name, replicas).await
+    else {
         return;
     };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
-    let name = "node-restarts";
-    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), name);
     let selector = format!("perago.io/task={name}");
     let node = services.node();
@@ -312,16 +358,14 @@ async fn attempts_run_through_containerd_and_kubelet_restarts() {
     for run in 1..=runs() {
         wait_running(&client, name, 2, Duration::from_secs(120)).await;
         let before = restarts(&pods, &selector).await;
-        let workload = Workload::start(
-            &lake,
-            &conductor,
-            &format!("{name}.{name}"),
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
             (&repository, &input_ref),
-            &format!("run{run}"),
-            workflows,
+            run,
+            40,
         )
-        .await
-        .unwrap();
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         node.containerd
             .crash_and_restart(Duration::from_secs(3))
@@ -361,40 +405,39 @@ async fn attempts_run_through_containerd_and_kubelet_restarts() {
 #[tokio::test]
 async fn attempts_cut_by_a_node_restart_are_retried_and_publish_once() {
     let test = "attempts_cut_by_a_node_restart_are_retried_and_publish_once";
-    let Some((services, cluster)) = cluster(test).await else {
+    let name = "node-restart";
+    // Conductor gives up on a cut attempt after 10 s.
+    let spec = json!({
+        "controls": {"timeout": {"responseSeconds": 10}},
+        "executor": {"replicas": 2},
+    });
+    let Some(Scenario {
+        services,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        client,
+        _one,
+        ..
+    }) = scenario(test, name, spec).await
+    else {
         return;
     };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
-    let name = "node-restart";
-    let (lake, repository, input_ref) = task_with(
-        services,
-        cluster,
-        name,
-        &json!({
-            "controls": {"timeout": {"responseSeconds": 10}},
-            "executor": {"replicas": 2},
-        }),
-    )
-    .await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), name);
     let selector = format!("perago.io/task={name}");
 
     for run in 1..=runs() {
         wait_running(&client, name, 2, Duration::from_secs(180)).await;
         let before = restarts(&pods, &selector).await;
-        let workload = Workload::start(
-            &lake,
-            &conductor,
-            &format!("{name}.{name}"),
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
             (&repository, &input_ref),
-            &format!("run{run}"),
-            workflows,
+            run,
+            40,
         )
-        .await
-        .unwrap();
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let cut = Instant::now();
         services
@@ -439,31 +482,34 @@ async fn attempts_cut_by_a_node_restart_are_retried_and_publish_once() {
 #[tokio::test]
 async fn lakefs_and_conductor_restarts_lose_nothing_and_publish_once() {
     let test = "lakefs_and_conductor_restarts_lose_nothing_and_publish_once";
-    let Some((services, cluster)) = cluster(test).await else {
-        return;
-    };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
     let name = "server-restarts";
     // Autoscaled: the operator sizes the task from Conductor's queue while the servers go.
     let autoscaled = json!({"executor": {"autoscaling": {
         "minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 8,
         "scaleDownStabilizationSeconds": 10,
     }}});
-    let (lake, repository, input_ref) = task_with(services, cluster, name, &autoscaled).await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let Some(Scenario {
+        services,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        _one,
+        ..
+    }) = scenario(test, name, autoscaled).await
+    else {
+        return;
+    };
 
     for run in 1..=runs() {
-        let workload = Workload::start(
-            &lake,
-            &conductor,
-            &format!("{name}.{name}"),
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
             (&repository, &input_ref),
-            &format!("run{run}"),
-            workflows,
+            run,
+            40,
         )
-        .await
-        .unwrap();
+        .await;
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let lakefs = services.lakefs();
@@ -506,20 +552,26 @@ async fn lakefs_and_conductor_restarts_lose_nothing_and_publish_once() {
 #[tokio::test]
 async fn evictions_honour_the_budget_and_an_evicted_pod_publishes_what_it_runs() {
     let test = "evictions_honour_the_budget_and_an_evicted_pod_publishes_what_it_runs";
-    let Some((services, cluster)) = cluster(test).await else {
+    let name = "evictions";
+    let replicas = json!({"executor": {"replicas": 2}});
+    let Some(Scenario {
+        services,
+        cluster,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        client,
+        _one,
+    }) = scenario(test, name, replicas).await
+    else {
         return;
     };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let workflows = env_number("PERAGO_E2E_DISRUPTION_WORKFLOWS", 40);
-    let name = "evictions";
-    let (lake, repository, input_ref) = task(services, cluster, name, 2).await;
     let example = include_str!("../../deploy/examples/disruption-budget.yaml");
     let mut budget: serde_json::Value = serde_yaml::from_str(example).unwrap();
     budget["metadata"] = json!({"name": name, "namespace": name});
     budget["spec"]["selector"]["matchLabels"]["perago.io/task"] = json!(name);
     cluster.apply(&budget.to_string()).unwrap();
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let client = services.kube().client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), name);
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), name);
     let selector = format!("perago.io/task={name}");
@@ -538,16 +590,14 @@ async fn evictions_honour_the_budget_and_an_evicted_pod_publishes_what_it_runs()
     for run in 1..=runs() {
         wait_running(&client, name, 2, Duration::from_secs(120)).await;
         wait_allowed(&budgets, name, 1).await;
-        let workload = Workload::start(
-            &lake,
-            &conductor,
-            &format!("{name}.{name}"),
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
             (&repository, &input_ref),
-            &format!("run{run}"),
-            workflows,
+            run,
+            40,
         )
-        .await
-        .unwrap();
+        .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let names: Vec<String> = pods
             .list(&ListParams::default().labels(&selector))
@@ -624,14 +674,19 @@ async fn wait_gone(pods: &Api<Pod>, name: &str) {
 #[tokio::test]
 async fn the_scale_and_the_drift_repair_finish_when_the_leader_is_killed() {
     let test = "the_scale_and_the_drift_repair_finish_when_the_leader_is_killed";
-    let Some((services, cluster)) = cluster(test).await else {
+    let name = "leader-kill";
+    let replicas = json!({"executor": {"replicas": 1}});
+    let Some(Scenario {
+        services,
+        cluster,
+        conductor,
+        client,
+        _one,
+        ..
+    }) = scenario(test, name, replicas).await
+    else {
         return;
     };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let name = "leader-kill";
-    task(services, cluster, name, 1).await;
-    let conductor = ConductorApi::new(&services.conductor().api_url);
-    let client = services.kube().client().await.unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let operator_pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let task_name = format!("{name}.{name}");
