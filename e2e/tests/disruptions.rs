@@ -295,7 +295,7 @@ async fn executor_pods_work_through_an_api_server_outage_and_the_operator_conver
         eprintln!(
             "[api-outage] run {run}: task Ready {ready:.1?} after the API server was back; \
              a scale then followed in {followed:.1?}; the operator lost its Lease {} times so far",
-            logs.matches("lost the leader lease").count(),
+            logs.matches("stopped reconciling").count(),
         );
         workload
             .wait_finished(&conductor, Duration::from_secs(600))

@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 use perago_conductor::flags::ConductorAuthFlags;
 
 use crate::{
-    cli, conductor, context, controller, owned, reference, render, selftest, telemetry, webhook,
+    cli, conductor, context, controller, leadership, owned, reference, render, selftest, telemetry,
+    webhook,
 };
 
 #[derive(Parser)]
@@ -349,36 +350,47 @@ fn run(
         }
         let identity = std::env::var("POD_NAME")
             .unwrap_or_else(|_| format!("perago-operator-{}", std::process::id()));
-        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), "perago-operator")
-            .with_namespace(process.lease_namespace.clone())
-            .with_identity(identity.clone())
-            .with_duration(process.lease_duration_seconds.max(2))
-            .with_grace((process.lease_duration_seconds / 3).max(1))
-            .build()
-            .await
-            .map_err(|e| format!("preparing the leader Lease failed: {e}"))?;
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), leadership::LEASE)
+                .with_namespace(process.lease_namespace.clone())
+                .with_identity(identity.clone())
+                .with_duration(process.lease_duration_seconds.max(2))
+                .with_grace((process.lease_duration_seconds / 3).max(1))
+                .build()
+                .await
+                .map_err(|e| format!("preparing the leader Lease failed: {e}"))?;
         let (mut leading, _task) = manager.watch().await;
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client.clone(), &process.lease_namespace);
         loop {
             tracing::info!(identity = %identity, "waiting for the leader lease");
             if leading.wait_for(|l| *l).await.is_err() {
                 return Err("the leader election stopped".into());
             }
+            // The library may still say "leading" from before an outage: lead only once the
+            // Lease, read now, is this replica's.
+            tokio::select! {
+                () = leadership::confirmed(&leases, &identity) => {}
+                _ = leading.wait_for(|l| !*l) => continue,
+            }
             metrics.leader.set(1);
             tracing::info!(identity = %identity, "leading; reconciling");
             let (context, writers) = term()?;
-            tokio::select! {
+            // The term's controllers, watches and reconciles in flight are dropped when it
+            // ends, at once: another replica may already reconcile. This one stays up as a
+            // standby (an API server outage longer than the lease must not leave every
+            // replica in a crash-loop back-off when it ends).
+            let why = tokio::select! {
                 () = controller::run(context, writers, &process.watch_namespaces) => return Ok(()),
-                _ = leading.wait_for(|l| !*l) => {
-                    // The term's controllers, watches and reconciles in flight are dropped
-                    // here, at once: another replica may already reconcile. This one stays up
-                    // as a standby (an API server outage longer than the lease must not
-                    // leave every replica in a crash-loop back-off when it ends).
-                    metrics.leader.set(0);
-                    metrics.leadership_lost.inc();
-                    metrics.forget_tasks();
-                    tracing::warn!(identity = %identity, "lost the leader lease; stopped reconciling");
+                () = leadership::lapsed(&leases, &identity) => {
+                    "the leader lease expired unrenewed (the API server out of reach?)"
                 }
-            }
+                _ = leading.wait_for(|l| !*l) => "lost the leader lease",
+            };
+            metrics.leader.set(0);
+            metrics.leadership_lost.inc();
+            metrics.forget_tasks();
+            tracing::warn!(identity = %identity, "{why}; stopped reconciling");
         }
     })
 }

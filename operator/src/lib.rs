@@ -8,6 +8,7 @@ pub mod cli;
 pub mod conductor;
 pub mod context;
 pub mod controller;
+pub mod leadership;
 pub mod owned;
 pub mod pods;
 pub mod queues;

@@ -11,6 +11,9 @@ use perago_e2e::process::free_port;
 use perago_e2e::{Selection, shared};
 use tokio::process::{Child, Command};
 
+/// One test at a time: one of them stops the API server the others use.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// An operator replica whose Lease is in `namespace`.
 fn replica(kubeconfig: &std::path::Path, name: &str, port: u16, namespace: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_perago-operator"))
@@ -50,6 +53,7 @@ async fn metric(port: u16, name: &str) -> Option<String> {
 
 #[tokio::test]
 async fn one_replica_leads_and_the_other_takes_over() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let services = shared(Selection {
         kube: true,
         ..Selection::default()
@@ -141,20 +145,12 @@ async fn one_replica_leads_and_the_other_takes_over() {
     println!("failover after {:?}", killed.elapsed());
 }
 
-/// Until the replica on `port` serves `value` for `name`, ten seconds at most.
-async fn wait_metric(port: u16, name: &str, value: &str, what: &str) {
-    let started = Instant::now();
-    while metric(port, name).await.as_deref() != Some(value) {
-        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Another holder takes the Lease from the leader (as a replica that renewed while this one
 /// could not reach the API server would): the leader stops reconciling and stays up as a
 /// standby, and leads again once that holder's Lease expires. The process never exits.
 #[tokio::test]
 async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let services = shared(Selection {
         kube: true,
         ..Selection::default()
@@ -167,13 +163,7 @@ async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
     namespaces.create(&Default::default(), &ns).await.unwrap();
     let port = free_port().unwrap();
     let mut replica = replica(&services.kube().kubeconfig, "replica-c", port, namespace);
-    wait_metric(
-        port,
-        "perago_operator_leader",
-        "1",
-        "replica-c does not lead",
-    )
-    .await;
+    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
 
     let leases: Api<Lease> = Api::namespaced(client, namespace);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
@@ -194,7 +184,7 @@ async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
         .await
         .unwrap();
     let taken_at = Instant::now();
-    wait_metric(port, "perago_operator_leader", "0", "replica-c still leads").await;
+    wait_metric_within(port, "perago_operator_leader", "0", Duration::from_secs(10)).await;
     let stepped_down = taken_at.elapsed();
     assert_eq!(
         metric(port, "perago_operator_leadership_lost_total")
@@ -203,13 +193,7 @@ async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
         Some("1")
     );
     // The other holder never renews: replica-c takes the Lease again once it expires.
-    wait_metric(
-        port,
-        "perago_operator_leader",
-        "1",
-        "replica-c does not lead again",
-    )
-    .await;
+    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
     assert!(
         replica.try_wait().unwrap().is_none(),
         "replica-c exited when it lost the lease"
@@ -218,4 +202,58 @@ async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
         "stood down {stepped_down:.1?} after the Lease was taken, led again {:.1?} after",
         taken_at.elapsed()
     );
+}
+
+/// The API server killed and kept away three lease durations while a replica leads: the
+/// replica stops reconciling once its Lease expires by the last renewal it saw (it cannot
+/// read that it lost it), stays up, and leads again once the API server is back.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stands_down_when_its_lease_expires() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let client = services.kube().client().await.unwrap();
+    let namespace = "lease-outage";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+    namespaces.create(&Default::default(), &ns).await.unwrap();
+    let port = free_port().unwrap();
+    let mut replica = replica(&services.kube().kubeconfig, "replica-d", port, namespace);
+    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
+
+    let cut = Instant::now();
+    let outage = services
+        .kube()
+        .crash_and_restart_apiserver(Duration::from_secs(9));
+    let stood_down = async {
+        wait_metric_within(port, "perago_operator_leader", "0", Duration::from_secs(8)).await;
+        cut.elapsed()
+    };
+    let (restarted, stood_down) = tokio::join!(outage, stood_down);
+    restarted.unwrap();
+    let back = Instant::now();
+    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(20)).await;
+    assert!(
+        replica.try_wait().unwrap().is_none(),
+        "replica-d exited during the outage"
+    );
+    println!(
+        "stood down {stood_down:.1?} after the API server went, led again {:.1?} after it was back",
+        back.elapsed()
+    );
+}
+
+/// Until the replica on `port` serves `value` for `name`, `limit` at most.
+async fn wait_metric_within(port: u16, name: &str, value: &str, limit: Duration) {
+    let started = Instant::now();
+    while metric(port, name).await.as_deref() != Some(value) {
+        assert!(
+            started.elapsed() < limit,
+            "{name} is not {value} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
