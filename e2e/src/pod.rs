@@ -51,6 +51,22 @@ impl ConductorApi {
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     }
 
+    /// Terminate a workflow a test is done with; one that already finished is fine (409).
+    pub async fn terminate(&self, id: &str) {
+        let resp = self
+            .http
+            .delete(format!("{}/workflow/{id}?reason=test%20done", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        assert!(
+            status.is_success() || status == reqwest::StatusCode::CONFLICT,
+            "terminating workflow {id}: {status} {}",
+            resp.text().await.unwrap_or_default()
+        );
+    }
+
     /// Register the TaskDef of a PeragoTask manifest (`yaml`, one task) as the operator would;
     /// the task's contract, for a pod of it.
     pub async fn register_task(&self, yaml: &str) -> Value {

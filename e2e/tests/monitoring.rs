@@ -408,13 +408,8 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .kubectl(&["delete", "hpa", "-n", NAMESPACE, "features-build"])
         .unwrap();
 
+    // The pods may have run some of them meanwhile.
     for id in workflows {
-        conductor
-            .call(
-                reqwest::Method::DELETE,
-                &format!("/workflow/{id}?reason=test%20done"),
-                None,
-            )
-            .await;
+        conductor.terminate(&id).await;
     }
 }
