@@ -151,19 +151,8 @@ async fn one_replica_leads_and_the_other_takes_over() {
 #[tokio::test]
 async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let services = shared(Selection {
-        kube: true,
-        ..Selection::default()
-    })
-    .await;
-    let client = services.kube().client().await.unwrap();
     let namespace = "lease-loss";
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
-    namespaces.create(&Default::default(), &ns).await.unwrap();
-    let port = free_port().unwrap();
-    let mut replica = replica(&services.kube().kubeconfig, "replica-c", port, namespace);
-    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
+    let (client, port, mut replica) = leading_alone("replica-c", namespace).await;
 
     let leases: Api<Lease> = Api::namespaced(client, namespace);
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
@@ -210,19 +199,12 @@ async fn a_replica_that_loses_the_lease_stays_up_and_leads_again() {
 #[tokio::test]
 async fn a_leader_cut_off_from_the_api_server_stands_down_when_its_lease_expires() {
     let _one = ONE_AT_A_TIME.lock().await;
+    let (_, port, mut replica) = leading_alone("replica-d", "lease-outage").await;
     let services = shared(Selection {
         kube: true,
         ..Selection::default()
     })
     .await;
-    let client = services.kube().client().await.unwrap();
-    let namespace = "lease-outage";
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
-    namespaces.create(&Default::default(), &ns).await.unwrap();
-    let port = free_port().unwrap();
-    let mut replica = replica(&services.kube().kubeconfig, "replica-d", port, namespace);
-    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
 
     let cut = Instant::now();
     let outage = services
@@ -244,6 +226,24 @@ async fn a_leader_cut_off_from_the_api_server_stands_down_when_its_lease_expires
         "stood down {stood_down:.1?} after the API server went, led again {:.1?} after it was back",
         back.elapsed()
     );
+}
+
+/// One replica `name` with its Lease in a new `namespace`, once it leads: a client of the API
+/// server, the replica's metrics port, and the replica.
+async fn leading_alone(name: &str, namespace: &str) -> (kube::Client, u16, Child) {
+    let services = shared(Selection {
+        kube: true,
+        ..Selection::default()
+    })
+    .await;
+    let client = services.kube().client().await.unwrap();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap();
+    namespaces.create(&Default::default(), &ns).await.unwrap();
+    let port = free_port().unwrap();
+    let replica = replica(&services.kube().kubeconfig, name, port, namespace);
+    wait_metric_within(port, "perago_operator_leader", "1", Duration::from_secs(10)).await;
+    (client, port, replica)
 }
 
 /// Until the replica on `port` serves `value` for `name`, `limit` at most.
