@@ -31,7 +31,7 @@ test: obtain release-binaries
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain release-binaries
 	$(CARGO) bench -p perago-sidecar --bench runtime --bench workspace --bench data_path
-	$(CARGO) bench -p perago-e2e --bench scaling --bench operator
+	$(CARGO) bench -p perago-e2e --bench scaling --bench operator --bench fleet
 
 ## Every benchmark at smoke size, in the test build (CI runs it): each path they measure runs
 ## once against the real servers; the figures mean nothing. `--workspace` resolves features
@@ -43,7 +43,9 @@ bench-quick-servers: obtain release-binaries
 	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 PERAGO_BENCH_PODS=1 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace --bench data_path
 
 bench-quick-node: obtain release-binaries
-	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 $(CARGO) bench --profile dev --workspace --bench scaling --bench operator
+	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 \
+	  PERAGO_BENCH_FLEET_TASKS=12 PERAGO_BENCH_FLEET_NODES=3 PERAGO_BENCH_FLEET_REPLICAS=2 PERAGO_BENCH_FLEET_RESYNC_SECONDS=10 \
+	  $(CARGO) bench --profile dev --workspace --bench scaling --bench operator --bench fleet
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
 ## print executions and crashes per target (nightly, cargo-fuzz; see docs/fuzzing.md).

@@ -19,7 +19,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use perago_e2e::cluster::Cluster;
 use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib};
@@ -129,86 +128,6 @@ fn print_counts(title: &str, before: &Counters, after: &Counters, per_minute: bo
     }
 }
 
-/// A fresh operator process (so that its peak memory is this run's), and its metrics URL.
-async fn restart_operator(services: &Services, cluster: &Cluster) -> String {
-    cluster
-        .kubectl(&[
-            "-n",
-            "perago-system",
-            "rollout",
-            "restart",
-            "deployment/perago-operator",
-        ])
-        .unwrap();
-    cluster
-        .kubectl(&[
-            "-n",
-            "perago-system",
-            "rollout",
-            "status",
-            "deployment/perago-operator",
-            "--timeout=180s",
-        ])
-        .unwrap();
-    let client = services.kube().client().await.unwrap();
-    let started = Instant::now();
-    loop {
-        let pods = Api::<Pod>::namespaced(client.clone(), "perago-system")
-            .list(&ListParams::default().labels("app.kubernetes.io/name=perago-operator"))
-            .await
-            .unwrap()
-            .items;
-        let live: Vec<&Pod> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        if let [pod] = live.as_slice()
-            && let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone())
-            && leading(&format!("http://{ip}:8080/metrics")).await
-        {
-            // The old process is gone once one operator pod is left, and the new one leads
-            // once the old one's lease has expired.
-            cluster.wait_for_webhook().unwrap();
-            return format!("http://{ip}:8080/metrics");
-        }
-        assert!(started.elapsed() < Duration::from_secs(180), "no operator");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Whether the operator serving `metrics` holds the leader lease.
-async fn leading(metrics: &str) -> bool {
-    match reqwest::get(metrics).await {
-        Ok(r) => r
-            .text()
-            .await
-            .is_ok_and(|t| t.lines().any(|l| l == "perago_operator_leader 1")),
-        Err(_) => false,
-    }
-}
-
-/// Until Conductor holds a TaskDef for each of the `count` tasks of `namespace`.
-async fn taskdefs_registered(conductor: &ConductorApi, namespace: &str, count: usize) {
-    let prefix = format!("{namespace}.");
-    loop {
-        let defs = conductor
-            .call(reqwest::Method::GET, "/metadata/taskdefs", None)
-            .await;
-        let registered = defs
-            .as_array()
-            .map(|all| {
-                all.iter()
-                    .filter(|d| d["name"].as_str().is_some_and(|n| n.starts_with(&prefix)))
-                    .count()
-            })
-            .unwrap_or(0);
-        if registered >= count {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: bool) {
     let namespace = if autoscaled {
         "bench-auto"
@@ -221,13 +140,13 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
         "replicas: 0, no autoscaling"
     };
     cluster.task_namespace(namespace).unwrap();
-    let metrics = restart_operator(services, cluster).await;
+    let client = services.kube().client().await.unwrap();
+    let metrics = cluster.restart_operator(&client).await.unwrap();
     let manifests: Vec<String> = (0..count)
         .map(|i| serde_yaml::to_string(&task(namespace, &format!("t-{i:04}"), autoscaled)).unwrap())
         .collect();
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let before = counters(cluster, &metrics).await;
-    let client = services.kube().client().await.unwrap();
     let applied = Instant::now();
     let progress = tokio::spawn(watch_progress(client, namespace, count, applied));
     let manifest = manifests.join("---\n");
@@ -236,7 +155,9 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
         cluster.apply(&manifest).unwrap();
         applied.elapsed()
     });
-    taskdefs_registered(&conductor, namespace, count).await;
+    conductor
+        .wait_taskdefs(&format!("{namespace}."), count)
+        .await;
     let registered = applied.elapsed();
     let progress = progress.await.unwrap();
     let reconciled = counters(cluster, &metrics).await;

@@ -327,6 +327,57 @@ impl Cluster {
         Ok(logs)
     }
 
+    /// `kubectl rollout restart` of a one-replica operator, so that the benchmark that follows
+    /// sees a fresh process (its peak memory is that run's); returns the metrics URL of the new
+    /// process once it leads and the admission webhook answers.
+    pub async fn restart_operator(&self, client: &kube::Client) -> Result<String> {
+        let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+        self.kubectl(&["-n", OPERATOR_NAMESPACE, "rollout", "restart", &deployment])?;
+        self.kubectl(&[
+            "-n",
+            OPERATOR_NAMESPACE,
+            "rollout",
+            "status",
+            &deployment,
+            "--timeout=180s",
+        ])?;
+        self.operator_metrics(client).await
+    }
+
+    /// The metrics URL of the one operator pod, once it leads and the admission webhook
+    /// answers (180 s at most).
+    pub async fn operator_metrics(&self, client: &kube::Client) -> Result<String> {
+        let started = Instant::now();
+        let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+            client.clone(),
+            OPERATOR_NAMESPACE,
+        );
+        let selector =
+            kube::api::ListParams::default().labels("app.kubernetes.io/name=perago-operator");
+        loop {
+            let listed = pods.list(&selector).await?.items;
+            let live: Vec<_> = listed
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            // The old process is gone once one operator pod is left, and the new one leads
+            // once the old one's lease has expired.
+            if let [pod] = live.as_slice()
+                && let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone())
+            {
+                let metrics = format!("http://{ip}:8080/metrics");
+                if leading(&metrics).await {
+                    tokio::task::block_in_place(|| self.wait_for_webhook())?;
+                    return Ok(metrics);
+                }
+            }
+            if started.elapsed() > Duration::from_secs(180) {
+                bail!("no single operator pod leads after 180 s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// The operator's logs (every replica), for checks such as "no Forbidden".
     pub fn operator_logs(&self) -> Result<String> {
         self.kubectl(&[
@@ -338,5 +389,16 @@ impl Cluster {
             "--tail=-1",
             "--prefix",
         ])
+    }
+}
+
+/// Whether the operator serving `metrics` holds the leader lease.
+async fn leading(metrics: &str) -> bool {
+    match reqwest::get(metrics).await {
+        Ok(r) => r
+            .text()
+            .await
+            .is_ok_and(|t| t.lines().any(|l| l == "perago_operator_leader 1")),
+        Err(_) => false,
     }
 }

@@ -11,6 +11,7 @@ pub mod chart_readme;
 pub mod cluster;
 pub mod collector;
 pub mod faults;
+pub mod fleet;
 pub mod lake;
 pub mod measure;
 pub mod node;

@@ -311,7 +311,12 @@ state = "{home}/state"
                             "rangeStart": "10.203.1.1",
                             "gateway": BRIDGE_IP.to_string(),
                         }]],
-                        "routes": [{"dst": SERVICE_RANGE, "gw": BRIDGE_IP.to_string()}],
+                        // Services, and the simulated pods of a fleet (crate::fleet), whose
+                        // addresses this machine answers for.
+                        "routes": [
+                            {"dst": SERVICE_RANGE, "gw": BRIDGE_IP.to_string()},
+                            {"dst": crate::fleet::POD_CIDR, "gw": BRIDGE_IP.to_string()},
+                        ],
                     },
                 }],
             }))?,
@@ -502,10 +507,7 @@ impl Node {
         .arg("--allocate-node-cidrs=false");
         // The controllers' request rate (default 20 per second each, as in kubeadm): what
         // bounds how fast hundreds of new Deployments are observed (the operator benchmark).
-        if let Some(qps) = std::env::var("PERAGO_E2E_CONTROLLER_MANAGER_QPS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-        {
+        if let Some(qps) = controller_manager_qps() {
             cmd.arg(format!("--kube-api-qps={qps}"))
                 .arg(format!("--kube-api-burst={}", qps.saturating_mul(2)));
         }
@@ -526,6 +528,12 @@ impl Node {
         .args(["--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"])
         .arg(format!("--secure-port={port}"))
         .arg(format!("--cert-dir={}", home.join("scheduler").display()));
+        // The same setting raises the scheduler's request rate (50 per second by default),
+        // which bounds how fast thousands of pods are bound (the fleet benchmark).
+        if let Some(qps) = controller_manager_qps() {
+            cmd.arg(format!("--kube-api-qps={qps}"))
+                .arg(format!("--kube-api-burst={}", qps.saturating_mul(2)));
+        }
         let mut scheduler =
             ServerProcess::spawn("kube-scheduler", &mut cmd, dir.join("kube-scheduler.log"))?;
         let healthz = format!("https://127.0.0.1:{port}/healthz");
@@ -785,6 +793,14 @@ async fn wait_healthy(server: &mut ServerProcess, url: &str, limit: Duration) ->
 }
 
 /// Poll an API condition until it holds.
+/// `PERAGO_E2E_CONTROLLER_MANAGER_QPS`: the controller-manager's and the scheduler's request
+/// rate, when set.
+fn controller_manager_qps() -> Option<u32> {
+    std::env::var("PERAGO_E2E_CONTROLLER_MANAGER_QPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
 async fn wait_for_api<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<()>
 where
     F: FnMut() -> Fut,

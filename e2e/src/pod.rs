@@ -119,6 +119,24 @@ impl ConductorApi {
         id.as_str().unwrap().to_owned()
     }
 
+    /// Until Conductor holds at least `count` TaskDefs whose names start with `prefix`.
+    pub async fn wait_taskdefs(&self, prefix: &str, count: usize) {
+        loop {
+            let defs = self
+                .call(reqwest::Method::GET, "/metadata/taskdefs", None)
+                .await;
+            let registered = defs.as_array().map_or(0, |all| {
+                all.iter()
+                    .filter(|d| d["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+                    .count()
+            });
+            if registered >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     pub async fn workflow(&self, id: &str) -> Value {
         self.call(
             reqwest::Method::GET,

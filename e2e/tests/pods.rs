@@ -1271,8 +1271,9 @@ async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
     assert!(!scaled.contains("queued + 1 running"), "{scaled:?}");
 }
 
-/// Scale-in removes idle pods first: before lowering replicas the operator gives each pod a
-/// deletion cost of its busy slots, and the ReplicaSet keeps the pods whose attempts run. Two
+/// Scale-in removes idle pods first: before lowering replicas the operator gives the pods with
+/// the fewest busy slots a deletion cost below the others', and the ReplicaSet keeps the pods
+/// whose attempts run. Two
 /// pods run long attempts; each round two short workflows bring two more pods, and once the
 /// short ones are done the scale-in from 4 to 2 must remove the two idle pods.
 /// `PERAGO_E2E_SCALE_IN_ROUNDS` sets the rounds (5).

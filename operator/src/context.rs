@@ -32,6 +32,8 @@ pub struct Context {
     pub costs_changed: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
     pub pods_http: reqwest::Client,
+    /// Permits for `/slots` requests in flight ([`crate::scaling::PROBES_AT_ONCE`]).
+    pub probes: tokio::sync::Semaphore,
     /// Queue sizes of every Conductor, read every few seconds.
     pub queues: crate::queues::QueueWatch,
     /// The executor pods, Deployments and ConfigMaps, as the watches keep them.

@@ -10,7 +10,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::watcher;
@@ -421,7 +421,8 @@ async fn scale(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
-        if scaling::mark_deletion_costs(ctx, &ns, &work.busy).await > 0 {
+        let removed = usize::try_from(replicas - next).unwrap_or(0);
+        if scaling::mark_deletion_costs(ctx, &ns, &work.busy, removed).await > 0 {
             costs().insert(key.clone(), now);
         }
         let costs_changed = costs().get(&key).copied();
@@ -525,6 +526,12 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(10))
 }
 
+/// How long a task's triggers must be quiet before it is reconciled. A reconcile's own writes
+/// (the status, a new Deployment or ConfigMap) and a rollout's bursts of Deployment status
+/// changes each trigger the task again; waiting this long makes one reconcile of each burst
+/// (`--bench fleet`, docs/scale.md).
+const DEBOUNCE: Duration = Duration::from_millis(500);
+
 /// Run the controllers until SIGTERM/SIGINT: one for all namespaces, or one per watched
 /// namespace (`scope`), all on one context; `writers` fill `ctx.owned`.
 pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
@@ -538,6 +545,7 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .zip(deployments.into_iter().zip(config_maps))
         .map(|(tasks, (deployments, config_maps))| {
             Controller::new(tasks, watcher::Config::default())
+                .with_config(controller::Config::default().debounce(DEBOUNCE))
                 .trigger_backoff(crate::owned::WatchBackoff::default())
                 .owns_stream(deployments)
                 .owns_stream(config_maps)

@@ -65,6 +65,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         recommendations: Default::default(),
         costs_changed: Default::default(),
         pods_http: reqwest::Client::new(),
+        probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
         queues: QueueWatch::new(None),
         owned: crate::owned::Owned::empty(),
         tasks: crate::scope::Stores::new(vec![kube::runtime::reflector::store().0]),

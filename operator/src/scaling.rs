@@ -38,6 +38,10 @@ const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// How long a scale-in waits after the pods' deletion costs changed.
 pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
 
+/// `/slots` requests in flight at once, across every reconcile: after a restart every task
+/// reconciles at once, and a fleet of thousands of pods must not be asked all together.
+pub const PROBES_AT_ONCE: usize = 64;
+
 /// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
 /// running pod that does not answer counts as fully busy, so that a slow or unreachable
 /// sidecar never makes the operator remove pods that may be working.
@@ -52,6 +56,8 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
     futures_util::future::join_all(running.map(|(pod, ip)| async move {
         let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
         let answer = async {
+            // Closed only when the process ends; a failed acquire is not an answer either.
+            let _permit = ctx.probes.acquire().await;
             let response = ctx.pods_http.get(&url).send().await?;
             response.error_for_status()?.json::<serde_json::Value>().await
         };
@@ -62,6 +68,8 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
                 (slots, false)
             }
         };
+        let outcome = if answered { "answered" } else { "unanswered" };
+        ctx.metrics.slot_probes.with_label_values(&[outcome]).inc();
         BusyPod {
             name: pod.name_any(),
             busy,
@@ -108,23 +116,45 @@ pub fn scale_in_waits(
     (!unready.is_empty()).then(|| format!("busy pods not Ready yet: {}", unready.join(", ")))
 }
 
-/// Before a scale-in: each pod's deletion cost is its busy slots, so the ReplicaSet removes
-/// idle pods first and busy ones only when no idle one is left. Returns how many changed.
-pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod]) -> usize {
+/// The deletion cost of the pods a scale-in chose: below every other pod's (unset is 0).
+const CHOSEN: &str = "-1";
+
+/// The deletion-cost writes that make the ReplicaSet remove `count` pods with the fewest busy
+/// slots (ADR 0027): each chosen pod gets [`CHOSEN`], and a pod an earlier scale-in chose
+/// that is not chosen now loses its cost. Pods that did not answer count as fully busy, so
+/// they go last. Only those pods are written: a scale-in writes in proportion to the pods it
+/// removes, not to the task's pods. `None` removes the annotation.
+pub fn deletion_marks(pods: &[BusyPod], count: usize) -> Vec<(&str, Option<&'static str>)> {
+    let mut ranked: Vec<&BusyPod> = pods.iter().collect();
+    // Fewest busy slots first; among equals, one already chosen (no write), then by name.
+    ranked.sort_by_key(|p| (p.busy, p.cost.as_deref() != Some(CHOSEN), p.name.as_str()));
+    let (chosen, kept) = ranked.split_at(count.min(ranked.len()));
+    let choose = chosen
+        .iter()
+        .filter(|p| p.cost.as_deref() != Some(CHOSEN))
+        .map(|p| (p.name.as_str(), Some(CHOSEN)));
+    let release = kept
+        .iter()
+        .filter(|p| p.cost.as_deref() == Some(CHOSEN))
+        .map(|p| (p.name.as_str(), None));
+    choose.chain(release).collect()
+}
+
+/// Before a scale-in by `count` pods: writes [`deletion_marks`]. Returns how many changed.
+pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], count: usize) -> usize {
     let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
     let mut changed = 0;
-    for pod in pods {
-        let cost = pod.busy.to_string();
-        if pod.cost.as_deref() == Some(cost.as_str()) {
-            continue;
-        }
+    for (name, cost) in deletion_marks(pods, count) {
         let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
         match api
-            .patch(&pod.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => changed += 1,
-            Err(e) => warn!(pod = %pod.name, error = %e, "setting the pod's deletion cost failed"),
+            Ok(_) => {
+                changed += 1;
+                ctx.metrics.deletion_cost_writes.inc();
+            }
+            Err(e) => warn!(pod = %name, error = %e, "setting the pod's deletion cost failed"),
         }
     }
     changed
@@ -319,10 +349,52 @@ mod tests {
         BusyPod {
             name: name.into(),
             busy,
-            cost: Some(busy.to_string()),
+            cost: None,
             answered,
             ready,
         }
+    }
+
+    fn chosen(mut pod: BusyPod) -> BusyPod {
+        pod.cost = Some(CHOSEN.into());
+        pod
+    }
+
+    #[test]
+    fn a_scale_in_writes_only_the_pods_it_removes_and_those_it_no_longer_does() {
+        let pods = [
+            pod("a", 1, true, true),
+            pod("b", 0, true, true),
+            chosen(pod("c", 0, true, true)),
+            pod("d", 4, false, true),
+            pod("e", 0, true, true),
+        ];
+        assert_eq!(
+            deletion_marks(&pods, 2),
+            [("b", Some(CHOSEN))],
+            "c is chosen already and is idle, so only b is written"
+        );
+        assert_eq!(
+            deletion_marks(&pods, 4),
+            [
+                ("b", Some(CHOSEN)),
+                ("e", Some(CHOSEN)),
+                ("a", Some(CHOSEN))
+            ],
+            "fewest busy slots first; the pod that did not answer goes last"
+        );
+        let busy_now = [chosen(pod("c", 2, true, true)), pod("f", 0, true, true)];
+        assert_eq!(
+            deletion_marks(&busy_now, 1),
+            [("f", Some(CHOSEN)), ("c", None)],
+            "an earlier choice that is busy now is released"
+        );
+        assert!(deletion_marks(&pods, 0).iter().all(|(_, c)| c.is_none()));
+        assert_eq!(
+            deletion_marks(&pods, 9).len(),
+            4,
+            "more than the pods: all of them"
+        );
     }
 
     #[test]

@@ -16,6 +16,10 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
     pub conductor_calls: IntCounterVec,
+    /// `/slots` requests to executor pods, by outcome (answered, unanswered).
+    pub slot_probes: IntCounterVec,
+    /// Deletion-cost annotations written on executor pods before scale-ins.
+    pub deletion_cost_writes: IntCounter,
     /// ConfigMap and Deployment applies made, and skipped because the live object held them.
     applies: IntCounterVec,
     pub leader: IntGauge,
@@ -60,6 +64,17 @@ impl Metrics {
             ),
             &["call", "outcome"],
         )?;
+        let slot_probes = IntCounterVec::new(
+            Opts::new(
+                "perago_operator_slot_probes_total",
+                "Requests to executor pods' /slots by outcome (answered, unanswered).",
+            ),
+            &["outcome"],
+        )?;
+        let deletion_cost_writes = IntCounter::new(
+            "perago_operator_deletion_cost_writes_total",
+            "Deletion-cost annotations written (set or removed) on executor pods before scale-ins.",
+        )?;
         let applies = IntCounterVec::new(
             Opts::new(
                 "perago_operator_applies_total",
@@ -101,6 +116,8 @@ impl Metrics {
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_seconds.clone()))?;
         registry.register(Box::new(conductor_calls.clone()))?;
+        registry.register(Box::new(slot_probes.clone()))?;
+        registry.register(Box::new(deletion_cost_writes.clone()))?;
         registry.register(Box::new(applies.clone()))?;
         registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(leadership_lost.clone()))?;
@@ -109,6 +126,8 @@ impl Metrics {
             reconciles,
             reconcile_seconds,
             conductor_calls,
+            slot_probes,
+            deletion_cost_writes,
             applies,
             leader,
             leadership_lost,

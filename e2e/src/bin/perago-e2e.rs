@@ -1,12 +1,13 @@
-//! `perago-e2e up [--services all|conductor,lakefs,kube,node,s3] [--env-file FILE]`
+//! `perago-e2e up [--services all|conductor,lakefs,kube,node,s3] [--fleet N] [--env-file FILE]`
 //!
-//! Starts the real servers, prints (and optionally writes) the environment a client needs,
+//! Starts the real servers (with `--fleet`, also N simulated nodes beside the real one), prints (and optionally writes) the environment a client needs,
 //! and keeps them running until interrupted (Ctrl-C or SIGTERM), then stops them all.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use perago_e2e::fleet::Fleet;
 use perago_e2e::{Selection, Services};
 
 #[derive(Parser)]
@@ -29,6 +30,10 @@ enum Command {
         /// Also write the environment to this file (removed when the servers stop).
         #[arg(long)]
         env_file: Option<PathBuf>,
+        /// Simulated nodes (kwok) beside the real one, for pods that select and tolerate
+        /// `perago.io/simulated-node` (needs the node).
+        #[arg(long, default_value_t = 0)]
+        fleet: usize,
     },
 }
 
@@ -37,8 +42,24 @@ async fn main() -> Result<()> {
     let Command::Up {
         services: selection,
         env_file,
+        fleet,
     } = Cli::parse().command;
+    if fleet > 0 && !selection.node {
+        bail!("--fleet needs the node (--services all, or a list with node)");
+    }
     let services = Services::start(selection).await?;
+    let fleet = match fleet {
+        0 => None,
+        count => Some(
+            Fleet::start(
+                services.dir(),
+                &services.kube().kubeconfig,
+                services.kube().client().await?,
+                count,
+            )
+            .await?,
+        ),
+    };
     let text: String = services
         .env()
         .iter()
@@ -60,6 +81,7 @@ async fn main() -> Result<()> {
     if let Some(path) = &env_file {
         let _ = std::fs::remove_file(path);
     }
+    drop(fleet);
     drop(services);
     eprintln!("[e2e] servers stopped");
     Ok(())
