@@ -367,7 +367,9 @@ impl Cluster {
             {
                 let metrics = format!("http://{ip}:8080/metrics");
                 if leading(&metrics).await {
-                    tokio::task::block_in_place(|| self.wait_for_webhook())?;
+                    // Blocking, as the kubectl calls above are: `block_in_place` would panic
+                    // on the current-thread runtime of a `#[tokio::test]`.
+                    self.wait_for_webhook()?;
                     return Ok(metrics);
                 }
             }
