@@ -24,8 +24,8 @@ demo: obtain release-binaries
 
 ## Every test: unit, CLI, the differential test against Python Perago, and the real servers
 ## and node (whose images are made from the release binaries), in two lanes at once
-## (e2e/bin/test; docs/testing.md).
-test: obtain release-binaries
+## (e2e/bin/test; docs/testing.md). Each test binary obtains the third-party servers it needs.
+test: prerequisites release-binaries
 	CARGO=$(CARGO) e2e/bin/test
 
 ## Benchmarks against the real servers; they print figures and ratios.
