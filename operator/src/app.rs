@@ -326,6 +326,7 @@ fn run(
                 metrics: metrics.clone(),
                 recommendations: Default::default(),
                 costs_changed: Default::default(),
+                costs_written: Default::default(),
                 pods_http: reqwest::Client::builder()
                     .timeout(std::time::Duration::from_secs(1))
                     // A pod is asked about once a reconcile: a connection kept open to each

@@ -30,6 +30,10 @@ pub struct Context {
         std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
     /// When the operator last changed a deletion cost of each autoscaled task's pods.
     pub costs_changed: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// The deletion costs this process wrote, by `namespace/pod`: what it wrote and when, until
+    /// the cache of pods shows it ([`crate::scaling::cost_now`]).
+    pub costs_written:
+        std::sync::Mutex<std::collections::HashMap<String, (Option<String>, std::time::Instant)>>,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
     pub pods_http: reqwest::Client,
     /// Permits for `/slots` requests in flight ([`crate::scaling::PROBES_AT_ONCE`]).

@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -544,9 +544,17 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .into_iter()
         .zip(deployments.into_iter().zip(config_maps))
         .map(|(tasks, (deployments, config_maps))| {
-            Controller::new(tasks, watcher::Config::default())
+            // kube's reflector, fed by a watch whose tasks lose their `managedFields`: never
+            // read, and at a thousand tasks memory held for nothing (docs/scale.md).
+            let (store, writer) = reflector::store();
+            let tasks = watcher(tasks, watcher::Config::default())
+                .backoff(owned::WatchBackoff::default())
+                .modify(|task: &mut PeragoTask| task.managed_fields_mut().clear())
+                .reflect(writer)
+                .applied_objects();
+            Controller::for_stream(tasks, store)
                 .with_config(controller::Config::default().debounce(DEBOUNCE))
-                .trigger_backoff(crate::owned::WatchBackoff::default())
+                .trigger_backoff(owned::WatchBackoff::default())
                 .owns_stream(deployments)
                 .owns_stream(config_maps)
         })

@@ -64,6 +64,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         metrics: Arc::new(crate::telemetry::Metrics::new().unwrap()),
         recommendations: Default::default(),
         costs_changed: Default::default(),
+        costs_written: Default::default(),
         pods_http: reqwest::Client::new(),
         probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
         queues: QueueWatch::new(None),

@@ -197,7 +197,7 @@ impl Writers {
                 .apis(client)
                 .into_iter()
                 .zip(self.pods)
-                .map(|(api, writer)| reflected(api, writer, |pod: &mut Pod| pod.spec = None)),
+                .map(|(api, writer)| reflected(api, writer, trim_pod)),
         )
         .for_each(|_| std::future::ready(()));
         let deployments = (self.scope.apis(client).into_iter().zip(self.deployments))
@@ -212,6 +212,53 @@ impl Writers {
             })
             .collect();
         (pods, deployments, config_maps)
+    }
+}
+
+/// A pod as the reconcile reads it (its busy slots, its deletion cost, why it cannot start):
+/// name, labels, the deletion-cost annotation, whether it is going; of its status the phase,
+/// IP, `Ready` and `PodScheduled` conditions and its containers' states. The rest (spec,
+/// owners, images, IPs, times, other annotations) is never read, and at thousands of pods it
+/// would be most of what the store holds (docs/scale.md).
+fn trim_pod(pod: &mut Pod) {
+    pod.spec = None;
+    let meta = &mut pod.metadata;
+    meta.owner_references = None;
+    meta.generate_name = None;
+    meta.finalizers = None;
+    meta.creation_timestamp = None;
+    if let Some(annotations) = &mut meta.annotations {
+        annotations.retain(|key, _| key == crate::scaling::DELETION_COST);
+    }
+    let Some(status) = &mut pod.status else {
+        return;
+    };
+    status.host_ip = None;
+    status.host_ips = None;
+    status.pod_ips = None;
+    status.start_time = None;
+    status.qos_class = None;
+    status.nominated_node_name = None;
+    status.ephemeral_container_statuses = None;
+    status.resource_claim_statuses = None;
+    if let Some(conditions) = &mut status.conditions {
+        conditions.retain(|c| c.type_ == "Ready" || c.type_ == "PodScheduled");
+        for c in conditions {
+            c.last_probe_time = None;
+            c.last_transition_time = None;
+        }
+    }
+    let containers = (status.init_container_statuses.iter_mut().flatten())
+        .chain(status.container_statuses.iter_mut().flatten());
+    for c in containers {
+        c.image = String::new();
+        c.image_id = String::new();
+        c.container_id = None;
+        c.allocated_resources = None;
+        c.allocated_resources_status = None;
+        c.resources = None;
+        c.user = None;
+        c.volume_mounts = None;
     }
 }
 
@@ -297,6 +344,71 @@ mod tests {
         }
         backoff.reset();
         assert!(backoff.next().unwrap().as_secs_f64() <= 0.6);
+    }
+
+    #[test]
+    fn a_trimmed_pod_reads_as_the_whole_one() {
+        let whole: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "t-1", "namespace": "ns", "generateName": "t-",
+                "labels": {"perago.io/task": "t"},
+                "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1", "other": "x"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "t-abc", "uid": "u"}],
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"containers": [{"name": "body", "image": "b"}]},
+            "status": {
+                "phase": "Running", "podIP": "10.0.0.7", "hostIP": "10.0.0.1",
+                "conditions": [
+                    {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"},
+                    {"type": "Initialized", "status": "True"},
+                ],
+                "containerStatuses": [{
+                    "name": "body", "image": "b", "imageID": "sha256:1", "ready": false, "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                    "lastState": {"terminated": {"exitCode": 2, "message": "boom"}},
+                }],
+            },
+        }))
+        .unwrap();
+        let mut trimmed = whole.clone();
+        trim_pod(&mut trimmed);
+        assert_eq!(
+            crate::pods::problem([&trimmed]),
+            crate::pods::problem([&whole])
+        );
+        let mut alive = whole.clone();
+        alive.metadata.deletion_timestamp = None;
+        let mut alive_trimmed = alive.clone();
+        trim_pod(&mut alive_trimmed);
+        assert!(crate::pods::problem([&alive_trimmed]).is_some());
+        assert_eq!(
+            crate::pods::problem([&alive_trimmed]),
+            crate::pods::problem([&alive])
+        );
+        assert_eq!(trimmed.metadata.labels, whole.metadata.labels);
+        assert_eq!(
+            trimmed.metadata.deletion_timestamp,
+            whole.metadata.deletion_timestamp
+        );
+        let annotations = trimmed.metadata.annotations.clone().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            [crate::scaling::DELETION_COST]
+        );
+        let status = trimmed.status.clone().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.7"));
+        let types: Vec<_> = status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(types, ["Ready", "PodScheduled"]);
+        assert!(trimmed.spec.is_none() && status.host_ip.is_none());
+        assert!(trimmed.metadata.owner_references.is_none());
     }
 
     fn config_map(data: &str) -> ConfigMap {

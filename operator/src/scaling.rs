@@ -33,7 +33,7 @@ pub struct BusyPod {
     ready: bool,
 }
 
-const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// How long a scale-in waits after the pods' deletion costs changed.
 pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
@@ -73,12 +73,36 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
         BusyPod {
             name: pod.name_any(),
             busy,
-            cost: pod.annotations().get(DELETION_COST).cloned(),
+            cost: cost_now(ctx, pod),
             answered,
             ready: is_ready(pod),
         }
     }))
     .await
+}
+
+/// How long a deletion cost this process wrote outranks the pod cache's. Under load the cache
+/// shows the operator's own writes seconds late, and a scale-in deferred until then wrote
+/// the same marks again (docs/scale.md); after this long, the cache is believed.
+const WRITTEN_COST_TRUSTED: Duration = Duration::from_secs(30);
+
+/// `pod`'s deletion cost: the one this process last wrote while the cache does not show it
+/// yet (for at most [`WRITTEN_COST_TRUSTED`]), else the cached annotation.
+pub fn cost_now(ctx: &Context, pod: &Pod) -> Option<String> {
+    let cached = pod.annotations().get(DELETION_COST).cloned();
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let mut written = ctx
+        .costs_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some((cost, at)) = written.get(&key) else {
+        return cached;
+    };
+    if *cost == cached || at.elapsed() > WRITTEN_COST_TRUSTED {
+        written.remove(&key);
+        return cached;
+    }
+    cost.clone()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -153,6 +177,16 @@ pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], coun
             Ok(_) => {
                 changed += 1;
                 ctx.metrics.deletion_cost_writes.inc();
+                let mut written = ctx
+                    .costs_written
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                // Entries of pods gone since (a scale-in removes them) are never read again.
+                written.retain(|_, (_, at)| at.elapsed() <= WRITTEN_COST_TRUSTED);
+                written.insert(
+                    format!("{ns}/{name}"),
+                    (cost.map(str::to_owned), Instant::now()),
+                );
             }
             Err(e) => warn!(pod = %name, error = %e, "setting the pod's deletion cost failed"),
         }
@@ -457,5 +491,46 @@ mod tests {
         assert!(needs_more_pods(&task, 8), "8 queued + 1 running need 3");
         task.spec.executor.replicas = 5;
         assert!(!needs_more_pods(&task, 400), "at the maximum");
+    }
+
+    #[tokio::test]
+    async fn a_cost_it_wrote_is_not_written_again_while_the_cache_lags() {
+        let (ctx, mut api) = crate::fixtures::mocked_context();
+        let cached = |cost: Option<&str>| -> Pod {
+            let mut pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "b", "namespace": "ns"},
+            }))
+            .unwrap();
+            if let Some(cost) = cost {
+                pod.metadata.annotations =
+                    Some([(DELETION_COST.to_owned(), cost.to_owned())].into());
+            }
+            pod
+        };
+        let pods = [pod("a", 1, true, true), pod("b", 0, true, true)];
+        let written = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { mark_deletion_costs(&ctx, "ns", &pods, 1).await }
+        });
+        let (patch, answer) = api
+            .expect(http::Method::PATCH, "/namespaces/ns/pods/b")
+            .await;
+        assert_eq!(patch["metadata"]["annotations"][DELETION_COST], CHOSEN);
+        answer.send(200, &serde_json::to_value(cached(Some(CHOSEN))).unwrap());
+        assert_eq!(written.await.unwrap(), 1);
+
+        // The cache does not show the write yet: the pod counts as chosen, so the next pass
+        // writes nothing.
+        assert_eq!(cost_now(&ctx, &cached(None)).as_deref(), Some(CHOSEN));
+        let mut b = pod("b", 0, true, true);
+        b.cost = cost_now(&ctx, &cached(None));
+        assert!(deletion_marks(&[pod("a", 1, true, true), b], 1).is_empty());
+        // Once it does, the cache is believed again (and then changes by others count).
+        assert_eq!(
+            cost_now(&ctx, &cached(Some(CHOSEN))).as_deref(),
+            Some(CHOSEN)
+        );
+        assert_eq!(cost_now(&ctx, &cached(None)), None);
+        api.expect_no_more().await;
     }
 }
