@@ -2,7 +2,7 @@
 //! idle pods first on a scale-in, and the queue watch that starts pods within seconds of work
 //! arriving instead of at the task's next resync (ADR 0010).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,6 +164,46 @@ pub fn deletion_marks(pods: &[BusyPod], count: usize) -> Vec<(&str, Option<&'sta
     choose.chain(release).collect()
 }
 
+/// Since when an autoscaled task's queue has been empty, and whether the queue watch has
+/// woken the task for it.
+#[derive(Debug, Default)]
+pub struct Drain {
+    since: Option<Instant>,
+    woken: bool,
+}
+
+fn drain_key(task: &PeragoTask) -> String {
+    format!(
+        "{}/{}",
+        task.namespace().unwrap_or_default(),
+        task.name_any()
+    )
+}
+
+/// Whether an empty queue should wake `task` for a scale-in (ADR 0028): autoscaled, above its
+/// minimum, and its queue empty for its whole scale-down window; once each time the queue
+/// empties. A queue that keeps refilling never stays empty that long, so it wakes nothing.
+pub fn drained(task: &PeragoTask, queued: i64, drain: &mut Drain, now: Instant) -> bool {
+    if queued > 0 {
+        *drain = Drain::default();
+        return false;
+    }
+    let since = *drain.since.get_or_insert(now);
+    let Some(auto) = &task.spec.executor.autoscaling else {
+        return false;
+    };
+    let window =
+        Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
+    if drain.woken
+        || task.spec.executor.replicas <= auto.min_replicas
+        || now.saturating_duration_since(since) < window
+    {
+        return false;
+    }
+    drain.woken = true;
+    true
+}
+
 /// Before a scale-in by `count` pods: writes [`deletion_marks`]. Returns how many changed.
 pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], count: usize) -> usize {
     let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
@@ -295,6 +335,7 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut failing = HashSet::new();
+    let mut drains: HashMap<String, Drain> = HashMap::new();
     loop {
         ticker.tick().await;
         let mut by_conductor: BTreeMap<String, Vec<Arc<PeragoTask>>> = BTreeMap::new();
@@ -310,6 +351,9 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
             let ctx = &ctx;
             async move { (ctx.conductor.at(&base).queue_sizes().await, base, tasks) }
         });
+        let now = Instant::now();
+        let keys: HashSet<String> = ctx.tasks.state().iter().map(|t| drain_key(t)).collect();
+        drains.retain(|key, _| keys.contains(key));
         for (sizes, base, tasks) in futures_util::future::join_all(reads).await {
             let sizes = match sizes {
                 Ok(sizes) => sizes,
@@ -327,7 +371,8 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
                 let queue = queue_name(&task.spec.task_name, task.spec.domain());
                 let queued = sizes.get(&queue).copied().unwrap_or(0);
                 ctx.metrics.task_queued(task).set(queued);
-                if needs_more_pods(task, queued) {
+                let drain = drains.entry(drain_key(task)).or_default();
+                if needs_more_pods(task, queued) || drained(task, queued, drain, now) {
                     // A full channel: a wake-up is already pending, and one is enough.
                     wake.wake(ObjectRef::from_obj(&**task));
                 }
@@ -491,6 +536,50 @@ mod tests {
         assert!(needs_more_pods(&task, 8), "8 queued + 1 running need 3");
         task.spec.executor.replicas = 5;
         assert!(!needs_more_pods(&task, 400), "at the maximum");
+    }
+
+    #[test]
+    fn an_emptied_queue_wakes_its_task_once_after_the_window() {
+        let yaml = "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {name: t}\nspec:\n  taskName: t\n  ownerEmail: a@b.c\n  paramsSchema: {type: object}\n  resultSchema: {type: object}\n  executor: {body: {image: b, command: [run]}}\n";
+        let mut task = perago_api::manifest::parse(yaml).unwrap().remove(0).task;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut drain = Drain::default();
+        task.spec.executor.replicas = 3;
+        assert!(!drained(&task, 0, &mut drain, at(100)), "not autoscaled");
+
+        task.spec.executor.autoscaling = Some(spec()); // window 60 s, minimum 0
+        let mut drain = Drain::default();
+        assert!(!drained(&task, 2, &mut drain, at(0)));
+        assert!(!drained(&task, 0, &mut drain, at(2)), "empty since 2 s");
+        assert!(
+            !drained(&task, 0, &mut drain, at(61)),
+            "not for the whole window"
+        );
+        assert!(drained(&task, 0, &mut drain, at(62)));
+        assert!(!drained(&task, 0, &mut drain, at(64)), "once");
+        assert!(!drained(&task, 1, &mut drain, at(66)), "refilled");
+        assert!(!drained(&task, 0, &mut drain, at(68)));
+        assert!(
+            drained(&task, 0, &mut drain, at(128)),
+            "emptied again, a window later"
+        );
+
+        let mut drain = Drain::default();
+        task.spec.executor.replicas = 0;
+        assert!(!drained(&task, 0, &mut drain, at(0)));
+        assert!(!drained(&task, 0, &mut drain, at(100)), "at its minimum");
+
+        let mut drain = Drain::default();
+        task.spec.executor.replicas = 2;
+        task.spec.executor.autoscaling = Some(AutoscalingSpec {
+            scale_down_stabilization_seconds: 0,
+            ..spec()
+        });
+        assert!(
+            drained(&task, 0, &mut drain, at(0)),
+            "no window: at the first empty read"
+        );
     }
 
     #[tokio::test]
