@@ -406,7 +406,7 @@ async fn scale(
             .recommendations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let history = all.entry(scaling_key(task)).or_default();
+        let history = all.entry(scaling::task_key(task)).or_default();
         scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
     };
     if next == replicas {
@@ -414,7 +414,7 @@ async fn scale(
     }
     if next < replicas {
         let ns = task.namespace().unwrap_or_else(|| "default".into());
-        let key = scaling_key(task);
+        let key = scaling::task_key(task);
         let now = std::time::Instant::now();
         let costs = || {
             ctx.costs_changed
@@ -451,15 +451,9 @@ async fn scale(
     Ok((next, false))
 }
 
-/// The key of a task's entries in the scaler's per-task state.
-fn scaling_key(task: &PeragoTask) -> String {
-    let ns = task.namespace().unwrap_or_else(|| "default".into());
-    format!("{ns}/{}", task.name_any())
-}
-
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.forget_task(&task);
-    let key = scaling_key(&task);
+    let key = scaling::task_key(&task);
     ctx.recommendations
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

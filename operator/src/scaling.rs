@@ -172,12 +172,10 @@ pub struct Drain {
     woken: bool,
 }
 
-fn drain_key(task: &PeragoTask) -> String {
-    format!(
-        "{}/{}",
-        task.namespace().unwrap_or_default(),
-        task.name_any()
-    )
+/// The key of a task's entries in the scaler's per-task state.
+pub fn task_key(task: &PeragoTask) -> String {
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    format!("{ns}/{}", task.name_any())
 }
 
 /// Whether an empty queue should wake `task` for a scale-in (ADR 0028): autoscaled, above its
@@ -352,7 +350,7 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
             async move { (ctx.conductor.at(&base).queue_sizes().await, base, tasks) }
         });
         let now = Instant::now();
-        let keys: HashSet<String> = ctx.tasks.state().iter().map(|t| drain_key(t)).collect();
+        let keys: HashSet<String> = ctx.tasks.state().iter().map(|t| task_key(t)).collect();
         drains.retain(|key, _| keys.contains(key));
         for (sizes, base, tasks) in futures_util::future::join_all(reads).await {
             let sizes = match sizes {
@@ -371,7 +369,7 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
                 let queue = queue_name(&task.spec.task_name, task.spec.domain());
                 let queued = sizes.get(&queue).copied().unwrap_or(0);
                 ctx.metrics.task_queued(task).set(queued);
-                let drain = drains.entry(drain_key(task)).or_default();
+                let drain = drains.entry(task_key(task)).or_default();
                 if needs_more_pods(task, queued) || drained(task, queued, drain, now) {
                     // A full channel: a wake-up is already pending, and one is enough.
                     wake.wake(ObjectRef::from_obj(&**task));
