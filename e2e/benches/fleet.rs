@@ -11,7 +11,7 @@
 //!    from 0 to `replicas` (the fleet's pods reach tasks × replicas);
 //! 3. steady state for `PERAGO_BENCH_STEADY_SECONDS` (60): nothing changes;
 //! 4. queues drained: the benchmark takes and completes every queued task, and the autoscaled
-//!    tasks scale in to 0 (scale-down window 0 s; the operator scales in at its resync);
+//!    tasks scale in to 0 (scale-down window 0 s, so the queue watch wakes each at once);
 //! 5. an image bump of a tenth of the fixed tasks;
 //! 6. the deletion of the namespace.
 //!
@@ -349,14 +349,14 @@ fn operators_write(key: &str) -> bool {
     }
 }
 
-async fn counters(cluster: &Cluster, fleet: &Fleet, operator_metrics: &str) -> Counters {
+async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) -> Counters {
     let operator = reqwest::get(operator_metrics)
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    let apiserver = cluster.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+    let apiserver = Cluster::apiserver_metrics(client).await.unwrap();
     let apiserver = counter_by(
         &apiserver,
         "apiserver_request_total",
@@ -507,7 +507,7 @@ async fn main() {
         }),
         Box::new(move |task, deployment| task_ready(task) && rolled_out(deployment, wanted(task))),
     ]);
-    let before = counters(&cluster, &fleet, &metrics).await;
+    let before = counters(&client, &fleet, &metrics).await;
     let manifest: Vec<String> = (0..plan.tasks)
         .map(|i| serde_yaml::to_string(&plan.manifest(i)).unwrap())
         .collect();
@@ -521,7 +521,7 @@ async fn main() {
     let all: BTreeMap<String, Instant> =
         (0..plan.tasks).map(|i| (Plan::name(i), applied)).collect();
     let [written_at, ready] = goals(tracker.latencies(&all, limit).await);
-    let after = counters(&cluster, &fleet, &metrics).await;
+    let after = counters(&client, &fleet, &metrics).await;
     println!(
         "1. apply: kubectl apply {:.1} s; → every TaskDef in Conductor {:.1} s; from the apply's start, per task: Deployment and status written {}; Ready with its pods {} ({} pods)",
         apply_took.as_secs_f64(),
@@ -556,7 +556,7 @@ async fn main() {
             Some(&json!(flows)),
         )
         .await;
-    let before = counters(&cluster, &fleet, &metrics).await;
+    let before = counters(&client, &fleet, &metrics).await;
     let filling = Instant::now();
     let mut changed = BTreeMap::new();
     for name in &autoscaled {
@@ -570,7 +570,7 @@ async fn main() {
     }
     let filled = filling.elapsed();
     let [scaled, ready] = goals(tracker.latencies(&changed, limit).await);
-    let after = counters(&cluster, &fleet, &metrics).await;
+    let after = counters(&client, &fleet, &metrics).await;
     println!(
         "2. queues filled ({} workflows started in {:.1} s), from each task's last start: scaled to {replicas} {}; its pods ready {}; all done {:.1} s after the first start ({} pods ready)",
         autoscaled.len() * plan.replicas as usize,
@@ -584,18 +584,18 @@ async fn main() {
 
     // 3. Steady state (the rollouts' follow-up reconciles first).
     tokio::time::sleep(steady.min(Duration::from_secs(20))).await;
-    let quiet = counters(&cluster, &fleet, &metrics).await;
+    let quiet = counters(&client, &fleet, &metrics).await;
     tokio::time::sleep(steady).await;
-    let later = counters(&cluster, &fleet, &metrics).await;
+    let later = counters(&client, &fleet, &metrics).await;
     print_steady(&quiet, &later, plan.tasks, tracker.ready_pods());
 
     // 4. Queues drained: every queued task taken and completed; the autoscaled tasks scale
-    // in to 0 (at their resync: the queue watch wakes only tasks that need more pods).
+    // in to 0 (window 0 s: the queue watch wakes each task once its queue is empty).
     tracker.expect([
         Box::new(|task, deployment| written(task, deployment) && asked(deployment) == Some(0)),
         Box::new(|_, deployment| rolled_out(deployment, 0)),
     ]);
-    let before = counters(&cluster, &fleet, &metrics).await;
+    let before = counters(&client, &fleet, &metrics).await;
     let draining = Instant::now();
     let mut changed = BTreeMap::new();
     for name in &autoscaled {
@@ -618,7 +618,7 @@ async fn main() {
     }
     let drained = draining.elapsed();
     let [scaled, gone] = goals(tracker.latencies(&changed, limit).await);
-    let after = counters(&cluster, &fleet, &metrics).await;
+    let after = counters(&client, &fleet, &metrics).await;
     println!(
         "4. queues drained (in {:.1} s), from each task's drain: scaled to 0 {}; its pods gone {}; all done {:.1} s after the first drain ({} pods ready)",
         drained.as_secs_f64(),
@@ -644,7 +644,7 @@ async fn main() {
     ]);
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), NAMESPACE);
     let bumped: Vec<&String> = fixed.iter().step_by(10).collect();
-    let before = counters(&cluster, &fleet, &metrics).await;
+    let before = counters(&client, &fleet, &metrics).await;
     let bumping = Instant::now();
     let mut changed = BTreeMap::new();
     for name in &bumped {
@@ -663,7 +663,7 @@ async fn main() {
         changed.insert((*name).clone(), Instant::now());
     }
     let [written_at, rolled] = goals(tracker.latencies(&changed, limit).await);
-    let after = counters(&cluster, &fleet, &metrics).await;
+    let after = counters(&client, &fleet, &metrics).await;
     println!(
         "5. image bump of {} tasks, from each patch: Deployment and status written {}; rolled out and Ready {}; all done {:.1} s after the first patch",
         bumped.len(),

@@ -72,14 +72,14 @@ struct Counters {
 /// The resources a PeragoTask's reconcile reads and writes (the apiserver requests counted).
 const RESOURCES: [&str; 5] = ["peragotasks", "configmaps", "deployments", "events", "pods"];
 
-async fn counters(cluster: &Cluster, operator_metrics: &str) -> Counters {
+async fn counters(client: &kube::Client, operator_metrics: &str) -> Counters {
     let operator = reqwest::get(operator_metrics)
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    let apiserver = cluster.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+    let apiserver = Cluster::apiserver_metrics(client).await.unwrap();
     let apiserver = counter_by(&apiserver, "apiserver_request_total", &["verb", "resource"])
         .into_iter()
         .filter(|(k, _)| RESOURCES.iter().any(|r| k.ends_with(&format!("/{r}"))))
@@ -152,9 +152,9 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
         .map(|i| serde_yaml::to_string(&task(namespace, &format!("t-{i:04}"), autoscaled)).unwrap())
         .collect();
     let conductor = ConductorApi::new(&services.conductor().api_url);
-    let before = counters(cluster, &metrics).await;
+    let before = counters(&client, &metrics).await;
     let applied = Instant::now();
-    let progress = tokio::spawn(watch_progress(client, namespace, count, applied));
+    let progress = tokio::spawn(watch_progress(client.clone(), namespace, count, applied));
     let manifest = manifests.join("---\n");
     // The watch above goes on in another of the runtime's threads meanwhile.
     let apply_took = tokio::task::block_in_place(|| {
@@ -166,7 +166,7 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
         .await;
     let registered = applied.elapsed();
     let progress = progress.await.unwrap();
-    let reconciled = counters(cluster, &metrics).await;
+    let reconciled = counters(&client, &metrics).await;
     println!("operator with {count} PeragoTasks ({what}):");
     println!(
         "  kubectl apply {:.1} s; applied → every TaskDef in Conductor {:.1} s; → every Deployment made {:.1} s; → every Deployment observed by the controller-manager {:.1} s; → all Ready {:.1} s ({:.1} tasks/s)",
@@ -182,9 +182,9 @@ async fn run(services: &Services, cluster: &Cluster, count: usize, autoscaled: b
     // the queue watch go on.
     let steady = Duration::from_secs(setting("PERAGO_BENCH_STEADY_SECONDS", 60) as u64);
     tokio::time::sleep(steady.min(Duration::from_secs(20))).await;
-    let quiet = counters(cluster, &metrics).await;
+    let quiet = counters(&client, &metrics).await;
     tokio::time::sleep(steady).await;
-    let later = counters(cluster, &metrics).await;
+    let later = counters(&client, &metrics).await;
     print_counts("steady state", &quiet, &later, true, count);
     println!(
         "  operator resident memory: {:.1} MiB now, {:.1} MiB at its peak",

@@ -344,6 +344,12 @@ impl Cluster {
         self.operator_metrics(client).await
     }
 
+    /// The apiserver's own metrics (`/metrics`, Prometheus text), through `client`.
+    pub async fn apiserver_metrics(client: &kube::Client) -> Result<String> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        Ok(client.request_text(request).await?)
+    }
+
     /// The metrics URL of the one operator pod, once it leads and the admission webhook
     /// answers (180 s at most).
     pub async fn operator_metrics(&self, client: &kube::Client) -> Result<String> {
