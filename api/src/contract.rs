@@ -124,6 +124,20 @@ spec:
     }
 
     #[test]
+    fn network_policy_rules_that_are_switched_off_are_warned_about() {
+        let with = |policy: &str| {
+            let yaml = BASE.replace("slots: 4}", &format!("slots: 4, networkPolicy: {policy}}}"));
+            crate::validate(&spec(&yaml)).expect("valid")
+        };
+        assert!(with("{enabled: false}").is_empty());
+        assert!(with("{egress: [{ports: [{port: 443}]}]}").is_empty());
+        assert_eq!(
+            with("{enabled: false, egress: [{ports: [{port: 443}]}]}"),
+            [crate::validate::NETWORK_POLICY_OFF_WARNING]
+        );
+    }
+
+    #[test]
     fn persistent_body_limits_are_checked() {
         let with = |body: &str| {
             let yaml = BASE.replace("command: [sh]}", &format!("command: [sh], {body}}}"));

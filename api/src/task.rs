@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
     EnvFromSource, EnvVar, HostAlias, LocalObjectReference, ResourceRequirements, SecurityContext,
     Toleration, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{NetworkPolicyEgressRule, NetworkPolicyIngressRule};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::{CustomResource, KubeSchema};
@@ -385,6 +386,31 @@ pub struct ExecutorSpec {
     /// Overrides for the sidecar container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar: Option<SidecarOverrides>,
+    /// The NetworkPolicy the operator keeps for the executor pods (docs/executor-pods.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<ExecutorNetworkPolicy>,
+}
+
+/// A NetworkPolicy for the task's executor pods. It lets in the operator's busy-slot probes
+/// and lets out DNS, plus the operator's rules for every task (its chart's
+/// `executorNetworkPolicy`: Conductor, lakeFS, the object store) and the rules given here.
+/// Anything else is refused, to the body and the sidecar alike: they share the pod's address.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorNetworkPolicy {
+    /// Whether the operator keeps the NetworkPolicy. Unset: as the operator's
+    /// `executorNetworkPolicy.enabled` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Where else this task's pods may connect, e.g. a service its body calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub egress: Vec<NetworkPolicyEgressRule>,
+    /// Who else may connect to this task's pods, e.g. Prometheus scraping the sidecar's
+    /// port 9464.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub ingress: Vec<NetworkPolicyIngressRule>,
 }
 
 /// The work volume: exactly one of `emptyDir` and `ephemeral` (none: an emptyDir).

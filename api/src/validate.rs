@@ -114,8 +114,17 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
             }
         }
     }
+    if let Some(policy) = &spec.executor.network_policy
+        && policy.enabled == Some(false)
+        && !(policy.egress.is_empty() && policy.ingress.is_empty())
+    {
+        warnings.push(NETWORK_POLICY_OFF_WARNING.to_owned());
+    }
     Ok(warnings)
 }
+
+pub const NETWORK_POLICY_OFF_WARNING: &str =
+    "spec.executor.networkPolicy.enabled is false: its egress and ingress rules are not used";
 
 fn check_guardrails(guardrails: &[Guardrail], field: &str) -> Result<(), FieldError> {
     for (i, g) in guardrails.iter().enumerate() {

@@ -16,6 +16,9 @@ use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 /// The namespace the operator is installed in, and its Helm release.
 pub const OPERATOR_NAMESPACE: &str = "perago-system";
 pub const RELEASE: &str = "perago";
+/// The namespace label that lets pods read the operator's metrics under
+/// [`Cluster::network_policy_values`].
+pub const SCRAPER_LABEL: (&str, &str) = ("perago.io/e2e-scraper", "true");
 /// The operator's Deployment, as the chart names it.
 pub const OPERATOR_DEPLOYMENT: &str = "perago-operator";
 /// The operator's ValidatingWebhookConfiguration, as the chart names it.
@@ -254,6 +257,39 @@ impl Cluster {
 
     /// The chart values every install here sets: the harness's servers (the images are the
     /// released chart's own).
+    /// Helm arguments that confine the pods to what they need on this node (with a
+    /// [`crate::policies::PolicyEnforcer`] running): every executor pod's NetworkPolicy lets
+    /// it reach Conductor's and lakeFS's ports on the node, where they listen, and DNS, nothing
+    /// else; the operator's pods let in the webhook's callers and, on the metrics port, their
+    /// own and the namespaces labelled [`SCRAPER_LABEL`] only.
+    pub fn network_policy_values(&self) -> Result<Vec<String>> {
+        let port = |url: &str| -> Result<u16> {
+            reqwest::Url::parse(url)?
+                .port_or_known_default()
+                .with_context(|| format!("{url} has no port"))
+        };
+        let ports: Vec<_> = [&self.conductor_url, &self.lakefs_endpoint]
+            .into_iter()
+            .map(|url| port(url).map(|port| serde_json::json!({"port": port, "protocol": "TCP"})))
+            .collect::<Result<_>>()?;
+        let servers = serde_json::json!([{
+            "to": [{"ipBlock": {"cidr": format!("{}/32", crate::node::BRIDGE_IP)}}],
+            "ports": ports,
+        }]);
+        let (label, value) = SCRAPER_LABEL;
+        let scrapers = serde_json::json!([{"namespaceSelector": {"matchLabels": {label: value}}}]);
+        Ok(vec![
+            "--set".into(),
+            "executorNetworkPolicy.enabled=true".into(),
+            "--set-json".into(),
+            format!("executorNetworkPolicy.egress={servers}"),
+            "--set".into(),
+            "networkPolicy.enabled=true".into(),
+            "--set-json".into(),
+            format!("networkPolicy.metricsFrom={scrapers}"),
+        ])
+    }
+
     fn release_values(&self) -> Vec<String> {
         vec![
             format!("conductor.url={}", self.conductor_url),

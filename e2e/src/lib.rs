@@ -17,6 +17,7 @@ pub mod measure;
 pub mod node;
 pub mod pki;
 pub mod pod;
+pub mod policies;
 pub mod process;
 pub mod prometheus;
 pub mod python;

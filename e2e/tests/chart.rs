@@ -83,11 +83,17 @@ fn values_the_schema_refuses_name_the_value() {
             "tracing.otlpEndpoint=otel-collector:4317",
             "'otel-collector:4317' does not match pattern",
         ),
+        (
+            "executorNetworkPolicy.enabled=true",
+            "executorNetworkPolicy.enabled needs egress rules",
+        ),
     ] {
         let (ok, _, err) = helm(&[
             "template",
             "t",
             chart.to_str().unwrap(),
+            "--kube-version",
+            "1.35.4",
             "--set",
             "conductor.url=http://conductor:8080/api",
             "--set",
@@ -138,6 +144,16 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "monitoring.coreos.com/v1/PrometheusRule",
             "--set",
             "conductor.credentialsSecret=conductor-key",
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set-json",
+            r#"networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]"#,
+            "--set-json",
+            r#"networkPolicy.egress=[{"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"port": 6443}]}]"#,
+            "--set",
+            "executorNetworkPolicy.enabled=true",
+            "--set-json",
+            r#"executorNetworkPolicy.egress=[{"to": [{"namespaceSelector": {}}]}]"#,
         ][..],
     ] {
         let mut args = vec![
@@ -204,6 +220,11 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             out.contains("name: perago-operator-leader\n"),
             extra.is_empty(),
             "the leader Role follows leaderElection.enabled"
+        );
+        assert_eq!(
+            kinds.iter().any(|k| k == "NetworkPolicy"),
+            !extra.is_empty(),
+            "the operator's NetworkPolicy follows networkPolicy.enabled"
         );
         for monitor in ["ServiceMonitor", "PodMonitor"] {
             assert_eq!(

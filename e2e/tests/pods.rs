@@ -11,15 +11,19 @@ use perago_e2e::cluster::Cluster;
 use perago_e2e::lake::Lake;
 use perago_e2e::node::{BUSYBOX_BODY_IMAGE, ctr};
 use perago_e2e::pod::ConductorApi;
+use perago_e2e::policies::PolicyEnforcer;
 use perago_e2e::workload::{Workload, merge, workspace_task_with};
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
 use tokio::sync::OnceCell;
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
+static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
 
 /// The node, with the operator installed from the chart (once per test binary); `None` when
-/// the developer opted out of the node's tests.
+/// the developer opted out of the node's tests. NetworkPolicies are enforced, and every
+/// executor pod and the operator run under the chart's (`Cluster::network_policy_values`):
+/// each test here shows they let through what a task needs.
 async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
     if perago_e2e::node_opted_out(test) {
         return None;
@@ -28,11 +32,19 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
     let cluster = OPERATOR
         .get_or_init(|| async {
             let cluster = Cluster::new(services).unwrap();
+            POLICIES
+                .get_or_init(|| async {
+                    PolicyEnforcer::start(services.dir(), &services.kube().kubeconfig)
+                        .await
+                        .unwrap()
+                })
+                .await;
             // A 10 s resync bounds how long a task scaled to zero waits for the operator to
             // see its queue (the chart's default is 60 s).
-            let took = cluster
-                .install_operator(&["--set", "resyncSeconds=10"])
-                .unwrap();
+            let mut values = vec!["--set".to_owned(), "resyncSeconds=10".to_owned()];
+            values.extend(cluster.network_policy_values().unwrap());
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            let took = cluster.install_operator(&values).unwrap();
             eprintln!("operator installed by helm and available in {took:.1?}");
             cluster
         })
@@ -2545,4 +2557,177 @@ async fn the_body_cannot_read_the_sidecars_credentials() {
         !processes.contains("perago-sidecar"),
         "the body sees the sidecar's process:\n{processes}"
     );
+}
+
+/// What a pod reaches: `open` when an HTTP server answered on the host and port, `closed`
+/// when the connection was refused or timed out.
+const REACH: &str = r#"reach() {
+  if printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 "$1" "$2" 2>/dev/null | head -c 12 | grep -q HTTP; then
+    echo open
+  else
+    echo closed
+  fi
+}
+"#;
+
+/// Host and port of an `http(s)://host:port/…` URL.
+fn address(url: &str) -> (String, u16) {
+    let url = reqwest::Url::parse(url).unwrap();
+    (
+        url.host_str().unwrap().to_owned(),
+        url.port_or_known_default().unwrap(),
+    )
+}
+
+/// Under the chart's NetworkPolicies (enforced on the node by kube-router), an executor pod
+/// reaches lakeFS and Conductor and publishes, but neither the API server nor the operator;
+/// only pods of a scraper namespace read the operator's metrics. A task that switches its
+/// policy off gets it removed, and its pods reach the API server again.
+#[tokio::test]
+async fn network_policies_confine_executor_pods_and_the_operator() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use perago_e2e::cluster::{OPERATOR_NAMESPACE, SCRAPER_LABEL};
+
+    let Some((services, cluster)) =
+        cluster("network_policies_confine_executor_pods_and_the_operator").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-netpol", "netpol");
+    cluster.task_namespace(namespace).unwrap();
+    let client = services.kube().client().await.unwrap();
+    let operator = Api::<Pod>::namespaced(client.clone(), OPERATOR_NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/name=perago-operator"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find_map(|p| p.status.and_then(|s| s.pod_ip))
+        .expect("an operator pod with an IP");
+    let (lakefs_host, lakefs_port) = address(&services.lakefs().endpoint);
+    let (api_host, api_port) = address(&services.kube().server);
+    let script = format!(
+        "{REACH}printf '{{\"lakefs\": \"%s\", \"apiserver\": \"%s\", \"operator\": \"%s\"}}' \
+         \"$(reach {lakefs_host} {lakefs_port})\" \"$(reach {api_host} {api_port})\" \
+         \"$(reach {operator} 8080)\" > \"$PERAGO_RESULT\"\n"
+    );
+    let task = workspace_task_with(
+        namespace,
+        name,
+        &script,
+        &json!({"resultSchema": {
+            "properties": {
+                "files": null,
+                "lakefs": {"type": "string"},
+                "apiserver": {"type": "string"},
+                "operator": {"type": "string"},
+            },
+            "required": ["lakefs", "apiserver", "operator"],
+        }}),
+    );
+    cluster.apply(&task).unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
+    let policy = policies.get("netpol-perago").await.unwrap();
+    assert_eq!(
+        policy.spec.unwrap().policy_types.unwrap(),
+        ["Ingress", "Egress"]
+    );
+
+    let (_lake, repository, input_ref) = seeded(services, "pods-netpol").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let reached = async |case: &str| {
+        let workflow = start_step(
+            &conductor,
+            namespace,
+            name,
+            case,
+            &repository,
+            &input_ref,
+            1,
+        )
+        .await;
+        let finished = conductor.finished(&workflow).await;
+        let step = &finished["tasks"][0];
+        assert_eq!(step["status"], "COMPLETED", "{step}");
+        step["outputData"]["result"].clone()
+    };
+    assert_eq!(
+        reached("confined").await,
+        json!({"lakefs": "open", "apiserver": "closed", "operator": "closed"}),
+        "the executor pod, under its NetworkPolicy"
+    );
+
+    // The operator's metrics: read from a pod of a scraper namespace, refused to one elsewhere.
+    let scrapers = "pods-netpol-scraper";
+    let (label, value) = SCRAPER_LABEL;
+    cluster
+        .apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {scrapers}\n  labels: {{{label}: \"{value}\"}}\n"
+        ))
+        .unwrap();
+    for ns in [scrapers, namespace] {
+        cluster
+            .apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: scraper, namespace: {ns}}}\nspec:\n  \
+                 securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  \
+                 containers:\n  - name: c\n    image: {BUSYBOX_BODY_IMAGE}\n    imagePullPolicy: Never\n    \
+                 command: [sleep, '3600']\n    securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n"
+            ))
+            .unwrap();
+    }
+    let mut read = Vec::new();
+    for ns in [scrapers, namespace] {
+        cluster
+            .kubectl(&[
+                "wait",
+                "-n",
+                ns,
+                "--for=condition=Ready",
+                "pod/scraper",
+                "--timeout=60s",
+            ])
+            .unwrap();
+        let probe = format!("{REACH}reach {operator} 8080");
+        let out = cluster
+            .kubectl(&["exec", "-n", ns, "scraper", "--", "sh", "-c", &probe])
+            .unwrap();
+        read.push(out.trim().to_owned());
+    }
+    assert_eq!(
+        read,
+        ["open", "closed"],
+        "the operator's metrics from {scrapers} and {namespace}"
+    );
+
+    // Switched off: the operator removes the policy, and the pod reaches the API server (the
+    // operator's own policy still refuses it).
+    cluster
+        .kubectl(&[
+            "patch",
+            "peragotask",
+            name,
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            r#"{"spec": {"executor": {"networkPolicy": {"enabled": false}}}}"#,
+        ])
+        .unwrap();
+    let started = std::time::Instant::now();
+    while policies.get_opt("netpol-perago").await.unwrap().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the NetworkPolicy is still there 30 s after the task switched it off"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        reached("unconfined").await,
+        json!({"lakefs": "open", "apiserver": "open", "operator": "closed"}),
+        "the executor pod, without its NetworkPolicy"
+    );
+    for ns in [scrapers, namespace] {
+        let _ = cluster.kubectl(&["delete", "pod", "-n", ns, "scraper", "--wait=false"]);
+    }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use perago_api::task::ExecutorNetworkPolicy;
 use perago_conductor::flags::ConductorAuthFlags;
 
 use crate::{
@@ -242,6 +243,20 @@ pub struct DefaultsArgs {
     /// (its `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); unset: no traces.
     #[arg(long, env = "PERAGO_SIDECAR_OTLP_TRACES_ENDPOINT", value_parser = otlp_url)]
     sidecar_otlp_traces_endpoint: Option<String>,
+    /// The executor pods' NetworkPolicy, as JSON: `{"enabled": true, "egress": [...],
+    /// "ingress": [...]}` (NetworkPolicy rules). `enabled` holds for tasks whose
+    /// `spec.executor.networkPolicy.enabled` is unset; the rules are in every task's policy.
+    #[arg(long, env = "PERAGO_EXECUTOR_NETWORK_POLICY", value_parser = network_policy)]
+    executor_network_policy: Option<ExecutorNetworkPolicy>,
+}
+
+/// The executor pods' common NetworkPolicy rules, refused at start when they do not parse.
+fn network_policy(value: &str) -> Result<ExecutorNetworkPolicy, String> {
+    serde_json::from_str(value).map_err(|e| {
+        format!(
+            "must be JSON of {{\"enabled\", \"egress\", \"ingress\"}} with NetworkPolicy rules: {e}"
+        )
+    })
 }
 
 /// An OTLP/HTTP endpoint: the sidecar refuses anything else at start, so the operator does
@@ -272,6 +287,7 @@ impl DefaultsArgs {
                 .filter(|h| !h.is_empty())
                 .collect(),
             traces_endpoint: self.sidecar_otlp_traces_endpoint.filter(|e| !e.is_empty()),
+            executor_network_policy: self.executor_network_policy.unwrap_or_default(),
         }
     }
 }

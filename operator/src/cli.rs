@@ -91,9 +91,9 @@ pub fn contract(file: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Print the ConfigMap and Deployment the operator creates for each PeragoTask, as
-/// multi-document YAML (the objects carry owner references to the task; the live operator
-/// also sets the replica count from autoscaling when that is enabled).
+/// Print the ConfigMap, Deployment and (when wanted) NetworkPolicy the operator creates for
+/// each PeragoTask, as multi-document YAML (the objects carry owner references to the task;
+/// the live operator also sets the replica count from autoscaling when that is enabled).
 pub fn render(file: &Path, defaults: &crate::render::Defaults) -> Result<(), String> {
     let tasks = read_manifest(file)?;
     let mut out = String::new();
@@ -111,7 +111,10 @@ pub fn render(file: &Path, defaults: &crate::render::Defaults) -> Result<(), Str
             serde_yaml::to_string(&crate::render::deployment(
                 &t, &contract, defaults, replicas,
             )),
-        ] {
+        ]
+        .into_iter()
+        .chain(crate::render::network_policy(&t, defaults).map(|p| serde_yaml::to_string(&p)))
+        {
             let doc = doc.map_err(|e| format!("{}: {e}", task.display_name()))?;
             out.push_str("---\n");
             out.push_str(&doc);

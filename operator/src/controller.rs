@@ -8,11 +8,13 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -196,6 +198,32 @@ where
     Ok(Arc::new(applied))
 }
 
+/// The task's NetworkPolicy applied when it wants one, else removed if the operator made one.
+async fn keep_network_policy(ctx: &Context, ns: &str, task: &PeragoTask) -> Result<(), Error> {
+    if let Some(policy) = render::network_policy(task, &ctx.defaults) {
+        return apply_owned(ctx, ns, &ctx.owned.network_policies, policy)
+            .await
+            .map(drop);
+    }
+    let name = render::object_name(task);
+    if ctx
+        .owned
+        .network_policies
+        .get(&ObjectRef::new(&name).within(ns))
+        .is_none()
+    {
+        return Ok(());
+    }
+    match Api::<NetworkPolicy>::namespaced(ctx.client.clone(), ns)
+        .delete(&name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A failed Conductor call: say so in the status and once per distinct message in a Warning
 /// event; the error policy retries.
 async fn conductor_unavailable(
@@ -330,6 +358,8 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     let cm = render::config_map(&task, &contract);
     let applied = async {
         apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
+        // Before the Deployment, so that new pods start already bound by it.
+        keep_network_policy(ctx, &ns, &task).await?;
         let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
         apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await
     };
@@ -529,15 +559,15 @@ const DEBOUNCE: Duration = Duration::from_millis(500);
 /// Run the controllers until SIGTERM/SIGINT: one for all namespaces, or one per watched
 /// namespace (`scope`), all on one context; `writers` fill `ctx.owned`.
 pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
-    let (pod_watch, deployments, config_maps) = writers.watch(&ctx.client);
+    let (pod_watch, triggers) = writers.watch(&ctx.client);
     // Aborted when this future is dropped too (a leadership term that ends).
     let _pod_watch = AbortOnDrop(tokio::spawn(pod_watch));
     info!(?scope, "perago-operator controller started");
     let controllers: Vec<_> = scope
         .apis::<PeragoTask>(&ctx.client)
         .into_iter()
-        .zip(deployments.into_iter().zip(config_maps))
-        .map(|(tasks, (deployments, config_maps))| {
+        .zip(triggers)
+        .map(|(tasks, triggers)| {
             // kube's reflector, fed by a watch whose tasks lose their `managedFields`: never
             // read, and at a thousand tasks memory held for nothing (docs/scale.md).
             let (store, writer) = reflector::store();
@@ -549,8 +579,9 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
             Controller::for_stream(tasks, store)
                 .with_config(controller::Config::default().debounce(DEBOUNCE))
                 .trigger_backoff(owned::WatchBackoff::default())
-                .owns_stream(deployments)
-                .owns_stream(config_maps)
+                .owns_stream(triggers.deployments)
+                .owns_stream(triggers.config_maps)
+                .owns_stream(triggers.network_policies)
         })
         .collect();
     let ctx = Arc::new(Context {

@@ -39,6 +39,7 @@ pub fn defaults() -> Defaults {
         lakefs_credentials_secret: Some("default-lake".into()),
         lakefs_object_store_hosts: vec!["minio.storage:9000".into()],
         traces_endpoint: None,
+        executor_network_policy: Default::default(),
     }
 }
 

@@ -1,9 +1,9 @@
 //! The objects the operator runs for its tasks, as watches keep them (ADR 0015): the executor
-//! pods (busy slots, why a rollout is stuck) and the Deployments and ConfigMaps (their status,
-//! and whether an apply would change anything). A reconcile reads these instead of listing
+//! pods (busy slots, why a rollout is stuck) and the Deployments, ConfigMaps and
+//! NetworkPolicies (their status, and whether an apply would change anything). A reconcile reads these instead of listing
 //! pods and re-applying unchanged objects: at hundreds of tasks those requests were most of
 //! what the operator asked of the apiserver. The stores keep only what is read: no
-//! `managedFields`, no pod or Deployment spec, no ConfigMap data.
+//! `managedFields`, no pod, Deployment or NetworkPolicy spec, no ConfigMap data.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,6 +30,7 @@ pub struct Owned {
     pub pods: Stores<Pod>,
     pub deployments: Stores<Deployment>,
     pub config_maps: Stores<ConfigMap>,
+    pub network_policies: Stores<NetworkPolicy>,
     /// Per object (`kind/namespace/name`): the hash of the render last applied, and the
     /// object's version that apply made (see [`version`]).
     applied: Arc<Mutex<HashMap<String, (String, String)>>>,
@@ -41,10 +43,19 @@ pub struct Writers {
     pods: Vec<Writer<Pod>>,
     deployments: Vec<Writer<Deployment>>,
     config_maps: Vec<Writer<ConfigMap>>,
+    network_policies: Vec<Writer<NetworkPolicy>>,
 }
 
-/// A change to one of the owned Deployments or ConfigMaps, for the controller's triggers.
+/// A change to one of the owned objects, for the controller's triggers.
 pub type Changes<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+
+/// The changes to the objects a controller owns, from one watched namespace (or all): each
+/// wakes the task that owns the object.
+pub struct Triggers {
+    pub deployments: Changes<Deployment>,
+    pub config_maps: Changes<ConfigMap>,
+    pub network_policies: Changes<NetworkPolicy>,
+}
 
 /// A store and its writer per watch of `scope`.
 fn stores<K>(scope: &Scope) -> (Stores<K>, Vec<Writer<K>>)
@@ -64,10 +75,12 @@ impl Owned {
         let (pods, pods_writers) = stores(scope);
         let (deployments, deployments_writers) = stores(scope);
         let (config_maps, config_maps_writers) = stores(scope);
+        let (network_policies, network_policies_writers) = stores(scope);
         let owned = Self {
             pods,
             deployments,
             config_maps,
+            network_policies,
             applied: Arc::default(),
         };
         let writers = Writers {
@@ -75,6 +88,7 @@ impl Owned {
             pods: pods_writers,
             deployments: deployments_writers,
             config_maps: config_maps_writers,
+            network_policies: network_policies_writers,
         };
         (owned, writers)
     }
@@ -91,6 +105,9 @@ impl Owned {
         for writer in &mut writers.config_maps {
             writer.apply_watcher_event(&watcher::Event::InitDone);
         }
+        for writer in &mut writers.network_policies {
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+        }
         owned
     }
 
@@ -99,7 +116,8 @@ impl Owned {
     pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.pods.wait_until_ready().await?;
         self.deployments.wait_until_ready().await?;
-        self.config_maps.wait_until_ready().await
+        self.config_maps.wait_until_ready().await?;
+        self.network_policies.wait_until_ready().await
     }
 
     /// The executor pods of task `name` in namespace `ns`.
@@ -181,16 +199,15 @@ fn version<K: Resource>(object: &K) -> Option<String> {
 }
 
 impl Writers {
-    /// The three watches of each watched namespace (or of all). The pods' are driven by the
-    /// returned future; the Deployments' and ConfigMaps' (one stream per watch, in the order of
+    /// The watches of each watched namespace (or of all). The pods' are driven by the
+    /// returned future; the others (one [`Triggers`] per watched namespace, in the order of
     /// [`Scope::apis`]) by the controller that takes them as triggers.
     pub fn watch(
         self,
         client: &Client,
     ) -> (
         impl std::future::Future<Output = ()> + Send + 'static,
-        Vec<Changes<Deployment>>,
-        Vec<Changes<ConfigMap>>,
+        Vec<Triggers>,
     ) {
         let pods = futures_util::stream::select_all(
             self.scope
@@ -201,17 +218,27 @@ impl Writers {
         )
         .for_each(|_| std::future::ready(()));
         let deployments = (self.scope.apis(client).into_iter().zip(self.deployments))
-            .map(|(api, writer)| reflected(api, writer, |d: &mut Deployment| d.spec = None))
-            .collect();
-        let config_maps = (self.scope.apis(client).into_iter().zip(self.config_maps))
-            .map(|(api, writer)| {
+            .map(|(api, writer)| reflected(api, writer, |d: &mut Deployment| d.spec = None));
+        let config_maps =
+            (self.scope.apis(client).into_iter().zip(self.config_maps)).map(|(api, writer)| {
                 reflected(api, writer, |c: &mut ConfigMap| {
                     c.data = None;
                     c.binary_data = None;
                 })
+            });
+        let network_policies = (self.scope.apis(client).into_iter())
+            .zip(self.network_policies)
+            .map(|(api, writer)| reflected(api, writer, |n: &mut NetworkPolicy| n.spec = None));
+        let triggers = deployments
+            .zip(config_maps)
+            .zip(network_policies)
+            .map(|((deployments, config_maps), network_policies)| Triggers {
+                deployments,
+                config_maps,
+                network_policies,
             })
             .collect();
-        (pods, deployments, config_maps)
+        (pods, triggers)
     }
 }
 

@@ -1,8 +1,8 @@
 //! What the operator creates for a PeragoTask: the ConfigMap holding the sidecar's task
-//! contract, and the executor Deployment (init container installing `perago-runner`, the
+//! contract, the executor Deployment (init container installing `perago-runner`, the
 //! sidecar as a native sidecar, the body wrapped by the runner, the shared `perago-work`
-//! volume, and what the task's pod template adds). Pure functions of the PeragoTask and the
-//! operator's defaults.
+//! volume, and what the task's pod template adds), and the executor pods' NetworkPolicy when
+//! one is wanted. Pure functions of the PeragoTask and the operator's defaults.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +16,9 @@ use k8s_openapi::api::core::v1::{
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecretVolumeSource, SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -23,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use perago_api::contract::TaskContract;
 use perago_api::pod;
-use perago_api::task::{BodyContainer, BodyMode, ExecutorSpec};
+use perago_api::task::{BodyContainer, BodyMode, ExecutorNetworkPolicy, ExecutorSpec};
 use perago_api::{PeragoTask, PeragoTaskSpec};
 
 pub use perago_api::pod::{CONTRACT_DIR, CONTRACT_HASH_ANNOTATION, TASK_LABEL, WORK_DIR};
@@ -42,6 +45,9 @@ pub struct Defaults {
     pub lakefs_object_store_hosts: Vec<String>,
     /// Where every sidecar sends its attempt traces (OTLP/HTTP); `None`: no traces.
     pub traces_endpoint: Option<String>,
+    /// Whether executor pods get a NetworkPolicy when their task does not say, and the rules
+    /// every such policy holds (`executorNetworkPolicy` of the chart).
+    pub executor_network_policy: ExecutorNetworkPolicy,
 }
 
 pub fn labels(name: &str) -> BTreeMap<String, String> {
@@ -661,6 +667,52 @@ fn pod_security() -> PodSecurityContext {
     }
 }
 
+/// The NetworkPolicy of the task's executor pods, when the task (or else the operator's
+/// default) wants one. Only listed traffic passes: in, the operator's rules (its busy-slot
+/// probes) and the task's; out, DNS, the operator's rules (Conductor, lakeFS, the object
+/// store) and the task's. The kubelet's probes come from the node, which policies do not
+/// govern.
+pub fn network_policy(task: &PeragoTask, defaults: &Defaults) -> Option<NetworkPolicy> {
+    let common = &defaults.executor_network_policy;
+    let own = task
+        .spec
+        .executor
+        .network_policy
+        .clone()
+        .unwrap_or_default();
+    if !own.enabled.or(common.enabled).unwrap_or(false) {
+        return None;
+    }
+    let name = task.metadata.name.clone().unwrap_or_default();
+    let dns = ["UDP", "TCP"].map(|protocol| NetworkPolicyPort {
+        port: Some(IntOrString::Int(53)),
+        protocol: Some(protocol.to_owned()),
+        end_port: None,
+    });
+    let egress = std::iter::once(NetworkPolicyEgressRule {
+        ports: Some(dns.to_vec()),
+        to: None,
+    })
+    .chain(common.egress.iter().cloned())
+    .chain(own.egress)
+    .collect();
+    let ingress = (common.ingress.iter().cloned())
+        .chain(own.ingress)
+        .collect();
+    Some(NetworkPolicy {
+        metadata: metadata(task, object_name(task)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(TASK_LABEL.to_owned(), name)])),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(ingress),
+            egress: Some(egress),
+        }),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1063,5 +1115,78 @@ mod tests {
             (900, 915),
             "an attempt may run its whole cap"
         );
+    }
+
+    #[test]
+    fn a_network_policy_is_kept_when_the_task_or_else_the_operator_wants_one() {
+        let operator_on = Defaults {
+            executor_network_policy: serde_json::from_value(serde_json::json!({
+                "enabled": true,
+                "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 8080}]}],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "perago-operator"}}}], "ports": [{"port": 9464}]}],
+            }))
+            .unwrap(),
+            ..defaults()
+        };
+        let plain = task(SPEC);
+        assert!(
+            network_policy(&plain, &defaults()).is_none(),
+            "off by default"
+        );
+
+        let policy = network_policy(&plain, &operator_on).unwrap();
+        assert_eq!(
+            policy.metadata.name.as_deref(),
+            Some("features-build-perago")
+        );
+        assert_eq!(policy.metadata.owner_references.unwrap()[0].uid, "u-1");
+        let spec = policy.spec.unwrap();
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels.unwrap(),
+            BTreeMap::from([(TASK_LABEL.to_owned(), "features-build".to_owned())]),
+            "the Deployment's selector"
+        );
+        assert_eq!(spec.policy_types.unwrap(), ["Ingress", "Egress"]);
+        let egress = spec.egress.unwrap();
+        assert_eq!(egress.len(), 2, "DNS, then the operator's rule");
+        assert!(egress[0].to.is_none(), "DNS to any resolver");
+        let dns = egress[0].ports.as_ref().unwrap();
+        assert_eq!(
+            dns.iter()
+                .map(|p| (p.port.clone(), p.protocol.as_deref()))
+                .collect::<Vec<_>>(),
+            [
+                (Some(IntOrString::Int(53)), Some("UDP")),
+                (Some(IntOrString::Int(53)), Some("TCP"))
+            ]
+        );
+        assert_eq!(spec.ingress.unwrap().len(), 1);
+
+        let own = |enabled: &str| {
+            task(&format!(
+                "{SPEC}    networkPolicy:\n      {enabled}egress: [{{to: [{{ipBlock: {{cidr: 192.0.2.7/32}}}}], ports: [{{port: 443}}]}}]\n      ingress: [{{from: [{{namespaceSelector: {{matchLabels: {{team: obs}}}}}}]}}]\n"
+            ))
+        };
+        let spec = network_policy(&own(""), &operator_on)
+            .unwrap()
+            .spec
+            .unwrap();
+        let egress = spec.egress.unwrap();
+        assert_eq!(egress.len(), 3, "DNS, the operator's, the task's");
+        assert_eq!(
+            egress[2].to.as_ref().unwrap()[0]
+                .ip_block
+                .as_ref()
+                .unwrap()
+                .cidr,
+            "192.0.2.7/32"
+        );
+        assert_eq!(spec.ingress.unwrap().len(), 2);
+        assert!(
+            network_policy(&own(""), &defaults()).is_none(),
+            "enabled unset: the operator's default, off"
+        );
+        assert!(network_policy(&own("enabled: true\n      "), &defaults()).is_some());
+        assert!(network_policy(&own("enabled: false\n      "), &operator_on).is_none());
     }
 }
