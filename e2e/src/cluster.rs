@@ -33,6 +33,8 @@ pub struct Cluster {
     repo: PathBuf,
     conductor_url: String,
     lakefs_endpoint: String,
+    /// `host:port` of lakeFS's object store, on the PostgreSQL + S3 profile.
+    object_store: Option<String>,
     release: Release,
 }
 
@@ -48,6 +50,7 @@ impl Cluster {
             repo: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
             conductor_url: services.conductor().api_url.clone(),
             lakefs_endpoint: services.lakefs().endpoint.clone(),
+            object_store: Some(services.lakefs().object_store_hosts()).filter(|h| !h.is_empty()),
             release: services.node().release.clone(),
         })
     }
@@ -259,8 +262,8 @@ impl Cluster {
     /// released chart's own).
     /// Helm arguments that confine the pods to what they need on this node (with a
     /// [`crate::policies::PolicyEnforcer`] running): every executor pod's NetworkPolicy lets
-    /// it reach Conductor's and lakeFS's ports on the node, where they listen, and DNS, nothing
-    /// else; the operator's pods let in the webhook's callers and, on the metrics port, their
+    /// it reach Conductor's, lakeFS's and the object store's ports on the node, where they
+    /// listen, and DNS, nothing else; the operator's pods let in the webhook's callers and, on the metrics port, their
     /// own and the namespaces labelled [`SCRAPER_LABEL`] only.
     pub fn network_policy_values(&self) -> Result<Vec<String>> {
         let port = |url: &str| -> Result<u16> {
@@ -268,8 +271,10 @@ impl Cluster {
                 .port_or_known_default()
                 .with_context(|| format!("{url} has no port"))
         };
+        let object_store = self.object_store.as_ref().map(|h| format!("http://{h}"));
         let ports: Vec<_> = [&self.conductor_url, &self.lakefs_endpoint]
             .into_iter()
+            .chain(object_store.as_ref())
             .map(|url| port(url).map(|port| serde_json::json!({"port": port, "protocol": "TCP"})))
             .collect::<Result<_>>()?;
         let servers = serde_json::json!([{

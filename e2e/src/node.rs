@@ -459,16 +459,71 @@ pub struct Node {
     pub release: Release,
 }
 
+/// A disk of the node's own: an ext4 file system in a file of the run's directory, mounted
+/// (loop) as the kubelet's root, where the pods' emptyDirs live. The kubelet evicts pods once
+/// less than half of it is free, so a test fills it past that without the host's disk ever
+/// being short. The node's janitor unmounts it with the rest of the run's mounts, which frees
+/// the loop device.
+pub struct NodeDisk {
+    mib: u32,
+}
+
+impl NodeDisk {
+    /// The kubelet's soft eviction threshold, in MiB free.
+    pub fn threshold_mib(mib: u32) -> u32 {
+        mib / 2
+    }
+
+    fn mount(home: &Path, root: &Path, mib: u32) -> Result<Self> {
+        let image = home.join("kubelet-disk.img");
+        let file = std::fs::File::create(&image)?;
+        file.set_len(u64::from(mib) << 20)?;
+        drop(file);
+        for command in [
+            Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image),
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&image)
+                .arg(root),
+        ] {
+            let out = command
+                .output()
+                .with_context(|| format!("running {command:?}"))?;
+            if !out.status.success() {
+                bail!(
+                    "{command:?} failed (the node's own disk needs loop devices and mkfs.ext4): {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(Self { mib })
+    }
+
+    /// The kubelet's settings for it: soft eviction at half of it free, pods given up to 60 s
+    /// to stop, usage measured every 10 s, and the pressure lifted 10 s after it ends.
+    fn eviction(&self) -> String {
+        let threshold = Self::threshold_mib(self.mib);
+        format!(
+            "evictionSoft: {{nodefs.available: \"{threshold}Mi\"}}\n\
+             evictionSoftGracePeriod: {{nodefs.available: \"1s\"}}\n\
+             evictionMaxPodGracePeriod: 60\n\
+             evictionPressureTransitionPeriod: 10s\n\
+             volumeStatsAggPeriod: 10s\n"
+        )
+    }
+}
+
 impl Node {
     /// Start the rest of the cluster on `apiserver` (reachable on the bridge address) and wait
-    /// until the node is Ready and the `default` ServiceAccount exists.
+    /// until the node is Ready, the `default` ServiceAccount exists and `release` (being
+    /// pushed to `registry` meanwhile) is there.
     pub async fn start(
         dir: &Path,
         pki: &NodePki,
-        apiserver: &str,
-        client: kube::Client,
+        (apiserver, client): (&str, kube::Client),
         containerd: Containerd,
-        (registry, release): (Registry, Release),
+        (registry, release): (Registry, impl std::future::Future<Output = Result<Release>>),
+        disk_mib: Option<u32>,
     ) -> Result<Self> {
         let started = Instant::now();
         let home = dir.join("node");
@@ -540,7 +595,7 @@ impl Node {
         wait_healthy(&mut scheduler, &healthz, Duration::from_secs(60)).await?;
 
         let (kubelet, kubelet_healthz) =
-            Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig).await?;
+            Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig, disk_mib).await?;
         let proxy = Self::start_proxy(dir, &home, &kubeconfig).await?;
 
         wait_for_api(Duration::from_secs(60), "the node to be Ready", || {
@@ -572,6 +627,7 @@ impl Node {
         .await
         .with_context(|| tail(&dir.join("kube-controller-manager.log")))?;
         eprintln!("[e2e] node {NODE_NAME} Ready in {:.1?}", started.elapsed());
+        let release = release.await?;
         Ok(Self {
             _controller_manager: controller_manager,
             _scheduler: scheduler,
@@ -591,6 +647,7 @@ impl Node {
         pki: &NodePki,
         containerd: &Containerd,
         kubeconfig: KubeconfigFor<'_>,
+        disk_mib: Option<u32>,
     ) -> Result<(Restartable, String)> {
         let ca = &pki.authority;
         let serving = ca.issue(
@@ -603,6 +660,10 @@ impl Node {
         )?;
         let root = home.join("kubelet");
         std::fs::create_dir_all(&root)?;
+        let disk = match disk_mib {
+            Some(mib) => NodeDisk::mount(home, &root, mib)?.eviction(),
+            None => String::new(),
+        };
         let (port, healthz_port) = (free_port()?, free_port()?);
         let config = home.join("kubelet.yaml");
         std::fs::write(
@@ -637,7 +698,7 @@ podLogsDir: {logs}
 volumePluginDir: {plugins}
 # A shared build machine's disk and memory are not this node's to guard.
 evictionHard: {{memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}}
-serializeImagePulls: false
+{disk}serializeImagePulls: false
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
 "#,

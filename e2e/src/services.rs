@@ -874,6 +874,9 @@ pub struct Selection {
     pub node: bool,
     /// lakeFS's storage; `PERAGO_E2E_STORAGE` picks it when this is the default.
     pub storage: Storage,
+    /// The node's own disk of this many MiB (see [`crate::node::NodeDisk`]); `None`: the
+    /// host's, with no evictions for disk.
+    pub node_disk_mib: Option<u32>,
 }
 
 impl Selection {
@@ -884,6 +887,7 @@ impl Selection {
         kube: true,
         node: true,
         storage: Storage::Embedded,
+        node_disk_mib: None,
     };
 
     /// Parse `all` or a comma-separated list of `conductor`, `lakefs`, `kube` (the API alone),
@@ -960,7 +964,61 @@ impl Services {
             (Storage::PostgresS3, true) => Some(Arc::new(Postgres::start(path, host).await?)),
             _ => None,
         };
-        let (conductor, lakefs, kube, containerd) = tokio::join!(
+        // The cluster (the apiserver, then the node) starts beside Conductor and lakeFS: the
+        // node needs neither, and Conductor's start is the longest.
+        let cluster = async {
+            let (kube, containerd) = tokio::join!(
+                async {
+                    if selection.kube || selection.node {
+                        Kube::start(path, selection.node).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                },
+                async {
+                    if !selection.node {
+                        return anyhow::Ok(None);
+                    }
+                    // The release the node installs, pushed as `make release` pushes one.
+                    // Nothing of the node's start needs it: it is published meanwhile.
+                    let registry = Registry::start(path, host).await?;
+                    let (owned, prefix) = (path.to_owned(), registry.prefix());
+                    let publishing = tokio::task::spawn_blocking(move || {
+                        crate::registry::publish(&prefix, &owned, &chart_version())
+                    });
+                    let owned = path.to_owned();
+                    let images =
+                        tokio::task::spawn_blocking(move || crate::node::build_images(&owned))
+                            .await
+                            .context("assembling the node's images")??;
+                    let containerd = Containerd::start(path, &images, &registry.host).await?;
+                    Ok(Some((containerd, registry, publishing)))
+                },
+            );
+            let (kube, containerd) = (kube?, containerd?);
+            let node = match (&kube, containerd) {
+                (Some(kube), Some((containerd, registry, publishing))) => {
+                    let pki = kube
+                        .pki
+                        .as_ref()
+                        .context("the node's apiserver has no PKI")?;
+                    let client = kube.client().await?;
+                    let release = async { publishing.await.context("publishing the release")? };
+                    let node = Node::start(
+                        path,
+                        pki,
+                        (&kube.server, client),
+                        containerd,
+                        (registry, release),
+                        selection.node_disk_mib,
+                    );
+                    Some(node.await?)
+                }
+                _ => None,
+            };
+            anyhow::Ok((kube, node))
+        };
+        let (conductor, lakefs, cluster) = tokio::join!(
             async {
                 match (selection.conductor, &postgres) {
                     (false, _) => Ok(None),
@@ -983,42 +1041,9 @@ impl Services {
                     }
                 }
             },
-            async {
-                if selection.kube || selection.node {
-                    Kube::start(path, selection.node).await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            },
-            async {
-                if !selection.node {
-                    return anyhow::Ok(None);
-                }
-                // The release the node installs, pushed as `make release` pushes one.
-                let registry = Registry::start(path, host).await?;
-                let (owned, prefix) = (path.to_owned(), registry.prefix());
-                let (release, images) = tokio::task::spawn_blocking(move || {
-                    let release = crate::registry::publish(&prefix, &owned, &chart_version())?;
-                    anyhow::Ok((release, crate::node::build_images(&owned)?))
-                })
-                .await
-                .context("publishing the release")??;
-                let containerd = Containerd::start(path, &images, &registry.host).await?;
-                Ok(Some((containerd, (registry, release))))
-            },
+            cluster,
         );
-        let (kube, containerd) = (kube?, containerd?);
-        let node = match (&kube, containerd) {
-            (Some(kube), Some((containerd, release))) => {
-                let pki = kube
-                    .pki
-                    .as_ref()
-                    .context("the node's apiserver has no PKI")?;
-                let client = kube.client().await?;
-                Some(Node::start(path, pki, &kube.server, client, containerd, release).await?)
-            }
-            _ => None,
-        };
+        let (kube, node) = cluster?;
         Ok(Self {
             conductor: conductor?,
             lakefs: lakefs?,

@@ -1,6 +1,6 @@
 //! Faults of the cluster itself under a real workload: many workflows in flight across several
-//! executor pods while the API server is away, while containerd and the kubelet restart, and
-//! while the operator's leader is killed. The promises are the fault suite's: every workflow
+//! executor pods while the API server is away, while containerd and the kubelet restart, while
+//! the operator's leader is killed, and while the node's disk runs short. The promises are the fault suite's: every workflow
 //! completes, each branch holds its one publication, no staging branch is left, and the
 //! operator converges afterwards.
 //!
@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, ListParams};
 use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
 use perago_e2e::lake::Lake;
-use perago_e2e::node::ctr;
+use perago_e2e::node::{BUSYBOX_BODY_IMAGE, NODE_NAME, NodeDisk, ctr};
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::storage::Storage;
 use perago_e2e::workload::{Outcome, Workload, merge, workspace_task_with};
@@ -37,17 +37,27 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
     }
     // lakeFS and Conductor on PostgreSQL (and lakeFS's objects in s3proxy): both keep their
     // state through the restarts below, as production servers do.
+    // The node's own disk, so that filling it past the kubelet's eviction threshold takes
+    // nothing from the machine's.
     let services = shared(Selection {
         storage: Storage::PostgresS3,
+        node_disk_mib: Some(NODE_DISK_MIB),
         ..Selection::ALL
     })
     .await;
     let cluster = OPERATOR
         .get_or_init(|| async {
             let cluster = Cluster::new(services).unwrap();
-            // Two replicas (the chart's default): one leads, one waits.
+            // Two replicas (the chart's default): one leads, one waits. Their ephemeral storage
+            // is requested, as it should be, so the kubelet evicts them after pods beyond
+            // their requests when the node's disk runs short.
             let took = cluster
-                .install_operator(&["--set", "resyncSeconds=10"])
+                .install_operator(&[
+                    "--set",
+                    "resyncSeconds=10",
+                    "--set",
+                    "resources.requests.ephemeral-storage=64Mi",
+                ])
                 .unwrap();
             eprintln!("operator installed by helm and available in {took:.1?}");
             cluster
@@ -55,6 +65,9 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
         .await;
     Some((services, cluster))
 }
+
+/// The node's disk: the kubelet evicts pods once less than half of it is free.
+const NODE_DISK_MIB: u32 = 1024;
 
 fn runs() -> usize {
     env_number("PERAGO_E2E_DISRUPTION_RUNS", 1)
@@ -874,4 +887,172 @@ async fn wait_operator_ready(pods: &Api<Pod>) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The node's disk filled past the kubelet's eviction threshold while workflows run, by a pod
+/// that stays within its own ephemeral-storage request. The kubelet evicts the pods beyond
+/// theirs first: the executor pods, which get their grace period, finish, publish and report
+/// what they run, and exit. Their replacements wait out the pressure (the node is tainted);
+/// once the disk is freed they start, and every workflow completes once.
+#[tokio::test]
+async fn a_node_short_of_disk_evicts_executor_pods_and_nothing_is_lost() {
+    let test = "a_node_short_of_disk_evicts_executor_pods_and_nothing_is_lost";
+    let name = "disk-pressure";
+    // Each pod keeps 16 MiB of scratch in the body's /tmp: the most disk beyond its request
+    // of any pod on the node (those of the other scenarios keep a few bytes), so the
+    // kubelet evicts these first. Attempts of 6 s keep work in flight through the evictions.
+    let body =
+        format!("dd if=/dev/zero of=/tmp/scratch bs=1M count=16 2>/dev/null\nsleep 4\n{BODY}");
+    let replicas = json!({"executor": {
+        "replicas": 2,
+        "body": {"command": ["sh", "-c", body]},
+    }});
+    let Some(Scenario {
+        cluster,
+        lake,
+        repository,
+        input_ref,
+        conductor,
+        client,
+        _one,
+        ..
+    }) = scenario(test, name, replicas).await
+    else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), name);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector = format!("perago.io/task={name}");
+    // Enough to leave less than the threshold free, within what the filler requests.
+    let ballast = NODE_DISK_MIB - NodeDisk::threshold_mib(NODE_DISK_MIB) + 100;
+    let filler = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: filler, namespace: {name}}}\nspec:\n  \
+         restartPolicy: Never\n  \
+         securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}\n  \
+         containers:\n  - name: fill\n    image: {BUSYBOX_BODY_IMAGE}\n    imagePullPolicy: Never\n    \
+         command: [sh, -c, 'dd if=/dev/zero of=/ballast/fill bs=1M count={ballast} && sleep 3600']\n    \
+         resources: {{requests: {{ephemeral-storage: {}Mi}}}}\n    \
+         securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}\n    \
+         volumeMounts: [{{name: ballast, mountPath: /ballast}}]\n  \
+         volumes: [{{name: ballast, emptyDir: {{}}}}]\n",
+        ballast + 64
+    );
+
+    for run in 1..=runs() {
+        wait_running(&client, name, 2, Duration::from_secs(180)).await;
+        let before: Vec<String> = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        let began = Instant::now();
+        let workload = start_workload(
+            (&lake, &conductor),
+            name,
+            (&repository, &input_ref),
+            run,
+            60,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let filled = Instant::now();
+        cluster.apply(&filler).unwrap();
+        // Until the kubelet has evicted both executor pods.
+        let evicted = loop {
+            let evicted = before.len()
+                - pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.name.as_ref().is_some_and(|n| before.contains(n)))
+                    .filter(|p| !stopped_by_the_kubelet(p))
+                    .count();
+            if evicted == before.len() {
+                break filled.elapsed();
+            }
+            assert!(
+                filled.elapsed() < Duration::from_secs(180),
+                "{evicted} of {} executor pods evicted 180 s after the disk was filled: {:?}",
+                before.len(),
+                pods.list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .map(|p| (
+                        p.metadata.name.clone(),
+                        p.status.as_ref().and_then(|s| s.phase.clone()),
+                        p.status.as_ref().and_then(|s| s.conditions.clone())
+                    ))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert!(
+            disk_pressure(&nodes).await,
+            "the node reports DiskPressure while the disk is full"
+        );
+        cluster
+            .kubectl(&["delete", "pod", "-n", name, "filler", "--wait=true"])
+            .unwrap();
+        let freed = Instant::now();
+        while disk_pressure(&nodes).await {
+            assert!(
+                freed.elapsed() < Duration::from_secs(120),
+                "the node still reports DiskPressure 120 s after the disk was freed"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let lifted = freed.elapsed();
+        let back = wait_running(&client, name, 2, Duration::from_secs(180)).await;
+        workload
+            .wait_finished(&conductor, Duration::from_secs(600))
+            .await
+            .unwrap();
+        let took = began.elapsed();
+        let outcome = workload.outcome(&lake, &conductor).await.unwrap();
+        // The evicted pods are kept as Failed by the kubelet: remove them for the next run.
+        for pod in &before {
+            let _ = cluster.kubectl(&["delete", "pod", "-n", name, pod, "--wait=false"]);
+        }
+        report(
+            "disk pressure",
+            run,
+            &outcome,
+            &format!(
+                "both pods evicted {evicted:.1?} after the fill; the \
+                 pressure lifted {lifted:.1?} after the disk was freed, the pods ready {back:.1?} \
+                 after that; every workflow done {took:.1?} after the start"
+            ),
+        );
+    }
+}
+
+/// Whether the kubelet stopped the pod for the node's sake: its `DisruptionTarget` condition
+/// says so, and it ended (`Failed`, or `Succeeded` when every container exited cleanly within
+/// the grace period, as a drained sidecar does).
+fn stopped_by_the_kubelet(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let by_kubelet = (status.conditions.iter().flatten()).any(|c| {
+        c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("TerminationByKubelet")
+    });
+    let ended = matches!(status.phase.as_deref(), Some("Failed" | "Succeeded"));
+    by_kubelet && ended
+}
+
+/// Whether the node reports DiskPressure.
+async fn disk_pressure(nodes: &Api<Node>) -> bool {
+    let node = nodes.get(NODE_NAME).await.unwrap();
+    node.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "DiskPressure" && c.status == "True")
 }

@@ -2722,6 +2722,33 @@ async fn network_policies_confine_executor_pods_and_the_operator() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let removed = started.elapsed();
+    // The enforcer follows the deletion on its own time: until the body's container reaches
+    // the API server, the next attempt would not.
+    let pod = task_pod(&client, namespace, name).await;
+    let pod = pod.metadata.name.unwrap();
+    let probe = format!("{REACH}reach {api_host} {api_port}");
+    loop {
+        let out = cluster
+            .kubectl(&[
+                "exec", "-n", namespace, &pod, "-c", "body", "--", "sh", "-c", &probe,
+            ])
+            .unwrap();
+        if out.trim() == "open" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the pod still cannot reach the API server 60 s after its task switched its \
+             NetworkPolicy off"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "NetworkPolicy removed {removed:.1?} after the task switched it off, lifted on the node \
+         {:.1?} after that",
+        started.elapsed() - removed
+    );
     assert_eq!(
         reached("unconfined").await,
         json!({"lakefs": "open", "apiserver": "open", "operator": "closed"}),
