@@ -43,7 +43,7 @@ bench-quick-servers: obtain release-binaries
 	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 PERAGO_BENCH_PODS=1 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace --bench data_path
 
 bench-quick-node: obtain release-binaries
-	PERAGO_BENCH_RUNS=2 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 \
+	PERAGO_BENCH_RUNS=1 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 \
 	  PERAGO_BENCH_FLEET_TASKS=12 PERAGO_BENCH_FLEET_NODES=3 PERAGO_BENCH_FLEET_REPLICAS=2 PERAGO_BENCH_FLEET_RESYNC_SECONDS=10 \
 	  $(CARGO) bench --profile dev --workspace --bench scaling --bench operator --bench fleet
 

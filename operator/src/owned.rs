@@ -1,8 +1,8 @@
 //! The objects the operator runs for its tasks, as watches keep them (ADR 0015): the executor
 //! pods (busy slots, why a rollout is stuck) and the Deployments, ConfigMaps and
-//! NetworkPolicies (their status, and whether an apply would change anything). A reconcile reads these instead of listing
-//! pods and re-applying unchanged objects: at hundreds of tasks those requests were most of
-//! what the operator asked of the apiserver. The stores keep only what is read: no
+//! NetworkPolicies (their status, and whether an apply would change anything). A reconcile
+//! reads these instead of listing pods and re-applying unchanged objects: at hundreds of tasks
+//! those requests were most of what the operator asked of the apiserver. The stores keep only what is read: no
 //! `managedFields`, no pod, Deployment or NetworkPolicy spec, no ConfigMap data.
 
 use std::collections::HashMap;
