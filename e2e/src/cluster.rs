@@ -258,13 +258,11 @@ impl Cluster {
         answered
     }
 
-    /// The chart values every install here sets: the harness's servers (the images are the
-    /// released chart's own).
     /// Helm arguments that confine the pods to what they need on this node (with a
     /// [`crate::policies::PolicyEnforcer`] running): every executor pod's NetworkPolicy lets
     /// it reach Conductor's, lakeFS's and the object store's ports on the node, where they
-    /// listen, and DNS, nothing else; the operator's pods let in the webhook's callers and, on the metrics port, their
-    /// own and the namespaces labelled [`SCRAPER_LABEL`] only.
+    /// listen, and DNS, nothing else; the operator's pods let in the webhook's callers and, on
+    /// the metrics port, their own and the namespaces labelled [`SCRAPER_LABEL`] only.
     pub fn network_policy_values(&self) -> Result<Vec<String>> {
         let port = |url: &str| -> Result<u16> {
             reqwest::Url::parse(url)?
@@ -295,6 +293,8 @@ impl Cluster {
         ])
     }
 
+    /// The chart values every install here sets: the harness's servers (the images are the
+    /// released chart's own).
     fn release_values(&self) -> Vec<String> {
         vec![
             format!("conductor.url={}", self.conductor_url),
