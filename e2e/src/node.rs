@@ -479,23 +479,18 @@ impl NodeDisk {
         let file = std::fs::File::create(&image)?;
         file.set_len(u64::from(mib) << 20)?;
         drop(file);
-        for command in [
+        let what = "the node's own disk (loop devices and mkfs.ext4)";
+        run(
             Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image),
+            what,
+        )?;
+        run(
             Command::new("mount")
                 .args(["-o", "loop"])
                 .arg(&image)
                 .arg(root),
-        ] {
-            let out = command
-                .output()
-                .with_context(|| format!("running {command:?}"))?;
-            if !out.status.success() {
-                bail!(
-                    "{command:?} failed (the node's own disk needs loop devices and mkfs.ext4): {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
+            what,
+        )?;
         Ok(Self { mib })
     }
 

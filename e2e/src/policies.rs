@@ -35,9 +35,10 @@ impl PolicyEnforcer {
         let mut process =
             ServerProcess::spawn("kube-router", &mut cmd, dir.join("kube-router.log"))?;
         let took = wait_ready(&mut process, Duration::from_secs(60), || async {
-            Command::new("iptables")
+            tokio::process::Command::new("iptables")
                 .args(["-w", "-t", "filter", "-S", "KUBE-ROUTER-FORWARD"])
                 .output()
+                .await
                 .is_ok_and(|out| out.status.success())
         })
         .await?;
