@@ -145,7 +145,10 @@ impl Broker {
                         // More tasks than asked for would find no slot (Conductor never does
                         // this); they fail at once rather than wait unseen.
                         let (execution_id, lease) = match leases.next() {
-                            Some((id, lease)) => (id, Some(lease)),
+                            Some((id, lease)) => {
+                                self.hub.took(&id);
+                                (id, Some(lease))
+                            }
                             None => (uuid::Uuid::new_v4().simple().to_string(), None),
                         };
                         let broker = Arc::clone(&self);

@@ -67,9 +67,12 @@ struct State {
     sender: Option<mpsc::UnboundedSender<SidecarMessage>>,
     /// Per slot, the execution it runs or is leased for.
     busy: Vec<Option<String>>,
-    /// Executions leased a slot but not yet assigned (a poll in flight): not busy in the
-    /// metrics.
+    /// Executions leased a slot but not yet assigned (a poll in flight, or a polled task being
+    /// prepared).
     reserved: std::collections::HashSet<String>,
+    /// Those of `reserved` whose poll brought a task: busy in the metrics and on `/slots`, so
+    /// that the operator never takes a pod preparing an attempt for an idle one.
+    taken: std::collections::HashSet<String>,
     waiting: HashMap<String, Waiter>,
 }
 
@@ -103,8 +106,8 @@ impl RunnerHub {
 
     fn bump(&self, state: &State) {
         let busy = state.busy.iter().filter(|b| b.is_some()).count();
-        self.metrics
-            .set_busy(busy.saturating_sub(state.reserved.len()));
+        let polling = state.reserved.len().saturating_sub(state.taken.len());
+        self.metrics.set_busy(busy.saturating_sub(polling));
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
 
@@ -142,6 +145,17 @@ impl RunnerHub {
         Some(lease)
     }
 
+    /// The poll brought a task for this execution's lease: its slot is busy from now on,
+    /// though its body is assigned only once the input is checked and the workspace is
+    /// downloaded.
+    pub fn took(&self, execution_id: &str) {
+        let mut state = self.lock();
+        if state.reserved.contains(execution_id) {
+            state.taken.insert(execution_id.to_owned());
+            self.bump(&state);
+        }
+    }
+
     /// Free the slot if it still runs this execution.
     pub fn release(&self, lease: Lease, execution_id: &str) {
         let mut state = self.lock();
@@ -150,6 +164,7 @@ impl RunnerHub {
             state.busy[index] = None;
         }
         state.reserved.remove(execution_id);
+        state.taken.remove(execution_id);
         state.waiting.remove(execution_id);
         Self::close_if_drained(&mut state);
         self.bump(&state);
@@ -186,6 +201,7 @@ impl RunnerHub {
         let generation = state.generation;
         let sender = state.sender.clone().ok_or(GenerationGone)?;
         state.reserved.remove(execution_id);
+        state.taken.remove(execution_id);
         let (tx, rx) = oneshot::channel();
         state
             .waiting
@@ -506,6 +522,12 @@ mod tests {
         );
         hub.drain(generation);
         assert!(hub.lease("later").is_none());
+        hub.took("polled");
+        assert_eq!(
+            hub.metrics.slots_busy.get(),
+            1,
+            "a polled task's slot is busy before its body is assigned"
+        );
         hub.assign(lease, "polled", BTreeMap::new()).unwrap();
         assert_eq!(hub.metrics.slots_busy.get(), 1);
         assert!(matches!(
