@@ -345,12 +345,13 @@ fn run(
                 costs_written: Default::default(),
                 pods_http: reqwest::Client::builder()
                     .timeout(std::time::Duration::from_secs(1))
-                    // A pod is asked about once a reconcile: a connection kept open to each
+                    // A pod is asked about once a resync: a connection kept open to each
                     // of thousands of pods held about 50 KiB apiece (docs/scale.md).
                     .pool_max_idle_per_host(0)
                     .build()
                     .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
                 probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
+                slots: Default::default(),
                 queues: crate::queues::QueueWatch::new(
                     (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
                 ),

@@ -38,6 +38,8 @@ pub struct Context {
     pub pods_http: reqwest::Client,
     /// Permits for `/slots` requests in flight ([`crate::scaling::PROBES_AT_ONCE`]).
     pub probes: tokio::sync::Semaphore,
+    /// What each running executor pod last said on `/slots`, kept by the census.
+    pub slots: crate::slots::Book,
     /// Queue sizes of every Conductor, read every few seconds.
     pub queues: crate::queues::QueueWatch,
     /// The executor pods, Deployments and ConfigMaps, as the watches keep them.

@@ -30,7 +30,7 @@ use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::render::{self, TASK_LABEL};
 use crate::scope::{Scope, Stores, Wake};
-use crate::{scaling, siblings, status};
+use crate::{scaling, siblings, slots, status};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
@@ -297,13 +297,16 @@ struct Work {
     busy: Vec<scaling::BusyPod>,
     running: i64,
     queued: i64,
+    /// When the reconcile began to look: a pod asked since has a figure of now.
+    observed: std::time::Instant,
 }
 
 async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, Error> {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     ctx.owned.ready().await.map_err(|_| Error::WatchStopped)?;
+    let observed = std::time::Instant::now();
     let pods = ctx.owned.pods(&ns, &task.name_any());
-    let busy = scaling::busy_pods(ctx, task, &pods).await;
+    let busy = slots::busy_pods(ctx, task, &pods).await;
     let running: i64 = busy.iter().map(|p| p.busy).sum();
     let queued = scaling::queued(ctx, base, task, running).await?;
     Ok(Work {
@@ -311,6 +314,7 @@ async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, E
         busy,
         running,
         queued,
+        observed,
     })
 }
 
@@ -344,13 +348,13 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         Ok(()) => observe(ctx, &task, &base).await,
         Err(e) => Err(Error::Conductor(e)),
     };
-    let work = match work {
+    let mut work = match work {
         Ok(work) => work,
         Err(Error::Conductor(e)) => return Err(conductor_unavailable(&api, &task, ctx, e).await),
         Err(e) => return Err(e),
     };
 
-    let (replicas, scale_in_deferred) = scale(ctx, &api, &task, &work).await?;
+    let (replicas, scale_in_deferred) = scale(ctx, &api, &task, &mut work).await?;
     ctx.metrics.task_queued(&task).set(work.queued);
     ctx.metrics.task_running(&task).set(work.running);
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
@@ -421,24 +425,42 @@ async fn scale(
     ctx: &Context,
     api: &Api<PeragoTask>,
     task: &PeragoTask,
-    work: &Work,
+    work: &mut Work,
 ) -> Result<(i32, bool), Error> {
     let replicas = task.spec.executor.replicas;
     let Some(auto) = &task.spec.executor.autoscaling else {
         return Ok((replicas, false));
     };
-    let (queued, running) = (work.queued, work.running);
-    let wanted = scaling::recommended(queued + running, auto);
     let window =
         Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
-    let next = {
+    let decide = |work: &Work, again: bool| {
+        let wanted = scaling::recommended(work.queued + work.running, auto);
         let mut all = ctx
             .recommendations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let history = all.entry(scaling::task_key(task)).or_default();
-        scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
+        if again {
+            scaling::restabilised(history, replicas, wanted)
+        } else {
+            scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
+        }
     };
+    let mut next = decide(work, false);
+    // The book's figures may be a census period old: before a scale-in, the pods it would
+    // remove are asked again, and the decision made again with their answers, until every pod
+    // it would remove has answered during this reconcile (ADR 0030).
+    while next < replicas {
+        let count = usize::try_from(replicas - next).unwrap_or(0);
+        let stale = scaling::unconfirmed_removals(&work.busy, count, work.observed);
+        if stale.is_empty() {
+            break;
+        }
+        slots::ask_again(ctx, task, &mut work.busy, &stale).await;
+        work.running = work.busy.iter().map(|p| p.busy).sum();
+        next = decide(work, true);
+    }
+    let (queued, running) = (work.queued, work.running);
     if next == replicas {
         return Ok((replicas, false));
     }
@@ -592,10 +614,12 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .iter()
         .map(|_| tokio::sync::mpsc::channel(1024))
         .unzip();
+    let wake = Wake::new(scope.clone(), senders);
     let _queue_watch = AbortOnDrop(tokio::spawn(scaling::watch_queues(
         ctx.clone(),
-        Wake::new(scope.clone(), senders),
+        wake.clone(),
     )));
+    let _census = AbortOnDrop(tokio::spawn(slots::census(ctx.clone(), wake)));
     let runs = controllers
         .into_iter()
         .zip(receivers)

@@ -68,6 +68,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         costs_written: Default::default(),
         pods_http: reqwest::Client::new(),
         probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
+        slots: Default::default(),
         queues: QueueWatch::new(None),
         owned: crate::owned::Owned::empty(),
         tasks: crate::scope::Stores::new(vec![kube::runtime::reflector::store().0]),

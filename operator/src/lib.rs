@@ -18,6 +18,7 @@ pub mod scaling;
 pub mod scope;
 pub mod selftest;
 pub mod siblings;
+pub mod slots;
 pub mod status;
 pub mod telemetry;
 pub mod webhook;

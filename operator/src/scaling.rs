@@ -18,13 +18,16 @@ use perago_api::task::AutoscalingSpec;
 
 use crate::conductor::ConductorError;
 use crate::context::{Context, conductor_url};
-use crate::render;
 use perago_conductor::queue_name;
 
-/// A running executor pod and the attempts it runs.
+/// A running executor pod and the attempts it runs, as the book of busy slots has it
+/// ([`crate::slots`]).
 pub struct BusyPod {
-    name: String,
+    pub name: String,
+    pub ip: String,
     pub busy: i64,
+    /// When the pod was asked.
+    pub asked: Instant,
     /// Its `controller.kubernetes.io/pod-deletion-cost` now.
     cost: Option<String>,
     /// Its sidecar answered (a pod that does not counts as fully busy).
@@ -33,53 +36,35 @@ pub struct BusyPod {
     ready: bool,
 }
 
+impl BusyPod {
+    pub fn new(ctx: &Context, pod: &Pod, ip: String, figure: crate::slots::Figure) -> Self {
+        Self {
+            name: pod.name_any(),
+            ip,
+            busy: figure.busy,
+            asked: figure.at,
+            cost: cost_now(ctx, pod),
+            answered: figure.answered,
+            ready: is_ready(pod),
+        }
+    }
+
+    pub fn update(&mut self, figure: crate::slots::Figure) {
+        self.busy = figure.busy;
+        self.answered = figure.answered;
+        self.asked = figure.at;
+    }
+}
+
 pub const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// How long a scale-in waits after the pods' deletion costs changed.
 pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
 
-/// `/slots` requests in flight at once, across every reconcile: after a restart every task
-/// reconciles at once, and a fleet of thousands of pods must not be asked all together.
+/// `/slots` requests in flight at once, across every reconcile and the census: after a restart
+/// every task reconciles at once, and a fleet of thousands of pods must not be asked all
+/// together.
 pub const PROBES_AT_ONCE: usize = 64;
-
-/// The task's running pods and the busy slots each sidecar reports on `/slots` (ADR 0009). A
-/// running pod that does not answer counts as fully busy, so that a slow or unreachable
-/// sidecar never makes the operator remove pods that may be working.
-pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> Vec<BusyPod> {
-    let slots = i64::from(task.spec.executor.slots);
-    let running = pods.iter().filter_map(|pod| {
-        let status = pod.status.as_ref()?;
-        let running =
-            status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
-        running.then_some((pod, status.pod_ip.clone()?))
-    });
-    futures_util::future::join_all(running.map(|(pod, ip)| async move {
-        let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
-        let answer = async {
-            // Closed only when the process ends; a failed acquire is not an answer either.
-            let _permit = ctx.probes.acquire().await;
-            let response = ctx.pods_http.get(&url).send().await?;
-            response.error_for_status()?.json::<serde_json::Value>().await
-        };
-        let (busy, answered) = match answer.await {
-            Ok(v) => (v["busy"].as_i64().unwrap_or(slots), true),
-            Err(e) => {
-                tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
-                (slots, false)
-            }
-        };
-        let outcome = if answered { "answered" } else { "unanswered" };
-        ctx.metrics.slot_probes.with_label_values(&[outcome]).inc();
-        BusyPod {
-            name: pod.name_any(),
-            busy,
-            cost: cost_now(ctx, pod),
-            answered,
-            ready: is_ready(pod),
-        }
-    }))
-    .await
-}
 
 /// How long a deletion cost this process wrote outranks the pod cache's. Under load the cache
 /// shows the operator's own writes seconds late, and a scale-in deferred until then wrote
@@ -149,9 +134,10 @@ const CHOSEN: &str = "-1";
 /// they go last. Only those pods are written: a scale-in writes in proportion to the pods it
 /// removes, not to the task's pods. `None` removes the annotation.
 pub fn deletion_marks(pods: &[BusyPod], count: usize) -> Vec<(&str, Option<&'static str>)> {
-    let mut ranked: Vec<&BusyPod> = pods.iter().collect();
-    // Fewest busy slots first; among equals, one already chosen (no write), then by name.
-    ranked.sort_by_key(|p| (p.busy, p.cost.as_deref() != Some(CHOSEN), p.name.as_str()));
+    let ranked: Vec<&BusyPod> = ranked(pods)
+        .into_iter()
+        .filter_map(|i| pods.get(i))
+        .collect();
     let (chosen, kept) = ranked.split_at(count.min(ranked.len()));
     let choose = chosen
         .iter()
@@ -162,6 +148,27 @@ pub fn deletion_marks(pods: &[BusyPod], count: usize) -> Vec<(&str, Option<&'sta
         .filter(|p| p.cost.as_deref() == Some(CHOSEN))
         .map(|p| (p.name.as_str(), None));
     choose.chain(release).collect()
+}
+
+/// The pods in the order a scale-in removes them, as indexes into `pods`: fewest busy slots
+/// first; among equals, one already chosen (no write), then by name.
+fn ranked(pods: &[BusyPod]) -> Vec<usize> {
+    let mut ranked: Vec<usize> = (0..pods.len()).collect();
+    ranked.sort_by_key(|&i| {
+        let p = &pods[i];
+        (p.busy, p.cost.as_deref() != Some(CHOSEN), p.name.as_str())
+    });
+    ranked
+}
+
+/// The pods a scale-in by `count` would remove whose figures were taken before `since`: those
+/// it asks again before deciding (ADR 0030).
+pub fn unconfirmed_removals(pods: &[BusyPod], count: usize, since: Instant) -> Vec<usize> {
+    ranked(pods)
+        .into_iter()
+        .take(count)
+        .filter(|&i| pods[i].asked < since)
+        .collect()
 }
 
 /// Since when an autoscaled task's queue has been empty, and whether the queue watch has
@@ -255,6 +262,19 @@ pub fn stabilised(
 ) -> i32 {
     history.retain(|(at, _)| now.duration_since(*at) <= window);
     history.push((now, wanted));
+    window_highest(history, current, wanted)
+}
+
+/// [`stabilised`] again after the figures behind its last recommendation changed: `wanted`
+/// replaces that recommendation.
+pub fn restabilised(history: &mut [(Instant, i32)], current: i32, wanted: i32) -> i32 {
+    if let Some(last) = history.last_mut() {
+        last.1 = wanted;
+    }
+    window_highest(history, current, wanted)
+}
+
+fn window_highest(history: &[(Instant, i32)], current: i32, wanted: i32) -> i32 {
     if wanted >= current {
         wanted
     } else {
@@ -420,11 +440,19 @@ mod tests {
             stabilised(&mut h, t0 + Duration::from_secs(100), w, 1, 0),
             0
         );
+        assert_eq!(
+            restabilised(&mut h, 1, 1),
+            1,
+            "the pods asked again were busy: the last recommendation is theirs"
+        );
+        assert_eq!(h.last().map(|(_, r)| *r), Some(1));
     }
 
     fn pod(name: &str, busy: i64, answered: bool, ready: bool) -> BusyPod {
         BusyPod {
             name: name.into(),
+            ip: String::new(),
+            asked: Instant::now(),
             busy,
             cost: None,
             answered,
@@ -471,6 +499,40 @@ mod tests {
             deletion_marks(&pods, 9).len(),
             4,
             "more than the pods: all of them"
+        );
+    }
+
+    #[test]
+    fn a_scale_in_asks_again_only_the_pods_it_would_remove() {
+        let observed = Instant::now();
+        let old = |mut pod: BusyPod| {
+            pod.asked = observed - Duration::from_secs(30);
+            pod
+        };
+        let mut pods = vec![
+            old(pod("a", 0, true, true)),
+            pod("b", 0, true, true),
+            old(pod("c", 2, true, true)),
+            old(pod("d", 1, true, true)),
+            old(pod("e", 2, true, true)),
+        ];
+        assert_eq!(
+            unconfirmed_removals(&pods, 2, observed),
+            [0],
+            "a and b would go; b was asked during this reconcile"
+        );
+        assert!(unconfirmed_removals(&pods, 0, observed).is_empty());
+        // a answers busy: the next pod in line, d, is the one to ask next.
+        pods[0].update(crate::slots::Figure {
+            busy: 2,
+            answered: true,
+            at: Instant::now(),
+        });
+        assert_eq!(unconfirmed_removals(&pods, 2, observed), [3]);
+        assert_eq!(
+            unconfirmed_removals(&pods, 5, observed),
+            [3, 2, 4],
+            "every pod but those asked since"
         );
     }
 

@@ -1,0 +1,272 @@
+//! The executor pods' busy slots (ADR 0030). The operator keeps a book of what each running
+//! executor pod last answered on `/slots`, and a census keeps it: every pod is asked about once
+//! per resync, spread over it, whatever the reconciles do. A reconcile reads the book and asks
+//! only the pods it lacks; a scale-in asks again only the pods it is about to remove. So the
+//! requests follow the pods and the clock, not the reconciles, and a scale-in costs requests in
+//! proportion to the pods it removes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use perago_api::PeragoTask;
+
+use crate::context::{Context, conductor_url};
+use crate::render;
+use crate::scaling::BusyPod;
+use crate::scope::Wake;
+use perago_conductor::queue_name;
+
+/// What a pod last said about its slots.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Figure {
+    /// Attempts running; a pod that did not answer counts as fully busy.
+    pub busy: i64,
+    pub answered: bool,
+    /// When it was asked.
+    pub at: Instant,
+}
+
+/// The figures of the running executor pods, by `namespace/name`.
+#[derive(Default)]
+pub struct Book(Mutex<HashMap<String, Figure>>);
+
+impl Book {
+    fn figures(&self) -> std::sync::MutexGuard<'_, HashMap<String, Figure>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn get(&self, pod: &str) -> Option<Figure> {
+        self.figures().get(pod).copied()
+    }
+
+    /// Writes `figure`; returns the one it replaces.
+    fn put(&self, pod: String, figure: Figure) -> Option<Figure> {
+        self.figures().insert(pod, figure)
+    }
+
+    /// Forgets the pods not in `running` (gone, or no longer running).
+    fn keep_only(&self, running: &HashSet<&str>) {
+        self.figures()
+            .retain(|pod, _| running.contains(pod.as_str()));
+    }
+}
+
+/// How often the census looks for pods to ask.
+const CENSUS_TICK: Duration = Duration::from_secs(1);
+
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// A running pod's IP; `None` for a pod not running yet, or going.
+fn address(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let running =
+        status.phase.as_deref() == Some("Running") && pod.metadata.deletion_timestamp.is_none();
+    running.then(|| status.pod_ip.clone()).flatten()
+}
+
+/// Ask `pod` now how many of its `slots` are busy, and write the answer in the book. A pod that
+/// does not answer counts as fully busy, so that a slow or unreachable sidecar never makes the
+/// operator remove pods that may be working (ADR 0009).
+async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64) -> Figure {
+    let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
+    let answer = async {
+        // Closed only when the process ends; a failed acquire is not an answer either.
+        let _permit = ctx.probes.acquire().await;
+        let response = ctx.pods_http.get(&url).send().await?;
+        response
+            .error_for_status()?
+            .json::<serde_json::Value>()
+            .await
+    };
+    let (busy, answered) = match answer.await {
+        Ok(v) => (v["busy"].as_i64().unwrap_or(slots), true),
+        Err(e) => {
+            tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
+            (slots, false)
+        }
+    };
+    let outcome = if answered { "answered" } else { "unanswered" };
+    ctx.metrics.slot_probes.with_label_values(&[outcome]).inc();
+    let figure = Figure {
+        busy,
+        answered,
+        at: Instant::now(),
+    };
+    ctx.slots.put(pod, figure);
+    figure
+}
+
+/// The task's running pods and their busy slots: from the book, asking only the pods it has no
+/// figure of (new pods) or a figure older than two census periods (a census that fell behind).
+pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> Vec<BusyPod> {
+    let slots = i64::from(task.spec.executor.slots);
+    let running = pods.iter().filter_map(|pod| Some((pod, address(pod)?)));
+    futures_util::future::join_all(running.map(|(pod, ip)| async move {
+        let figure = match ctx.slots.get(&key(pod)) {
+            Some(figure) if figure.at.elapsed() < 2 * ctx.resync => figure,
+            _ => ask(ctx, key(pod), &ip, slots).await,
+        };
+        BusyPod::new(ctx, pod, ip, figure)
+    }))
+    .await
+}
+
+/// Ask the pods `which` of `pods` again, now, and update them with their answers.
+pub async fn ask_again(ctx: &Context, task: &PeragoTask, pods: &mut [BusyPod], which: &[usize]) {
+    let slots = i64::from(task.spec.executor.slots);
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    let asks = which.iter().filter_map(|&i| {
+        let pod = pods.get(i)?;
+        let (key, ip) = (format!("{ns}/{}", pod.name), pod.ip.clone());
+        Some(async move { (i, ask(ctx, key, &ip, slots).await) })
+    });
+    for (i, figure) in futures_util::future::join_all(asks).await {
+        if let Some(pod) = pods.get_mut(i) {
+            pod.update(figure);
+        }
+    }
+}
+
+/// The pods the census asks in one tick: those the book has no figure of first, then those whose
+/// figure is at least `period` old, oldest first; at most `budget`.
+fn due(
+    ages: impl IntoIterator<Item = (usize, Option<Duration>)>,
+    period: Duration,
+    budget: usize,
+) -> Vec<usize> {
+    let mut due: Vec<(usize, Option<Duration>)> = ages
+        .into_iter()
+        .filter(|(_, age)| age.is_none_or(|age| age >= period))
+        .collect();
+    due.sort_by_key(|&(_, age)| (age.is_some(), std::cmp::Reverse(age)));
+    due.into_iter().take(budget).map(|(i, _)| i).collect()
+}
+
+/// Asks per tick so that `pods` figures are each renewed once per `period`: twice the even
+/// share, so that figures that all came due at once (a term's first reconciles ask every pod)
+/// spread out within a period.
+fn budget(pods: usize, period: Duration) -> usize {
+    let ticks = (period.as_secs_f64() / CENSUS_TICK.as_secs_f64()).max(1.0);
+    ((2 * pods) as f64 / ticks).ceil() as usize
+}
+
+/// Whether a pod of `task` going idle may let it scale in: autoscaled, above its minimum, and
+/// its queue read empty lately.
+fn scale_in_may_follow(ctx: &Context, task: &PeragoTask) -> bool {
+    let Some(auto) = &task.spec.executor.autoscaling else {
+        return false;
+    };
+    let queue = queue_name(&task.spec.task_name, task.spec.domain());
+    task.spec.executor.replicas > auto.min_replicas
+        && ctx.queues.fresh(&conductor_url(task, ctx), &queue) == Some(0)
+}
+
+/// The census, for one leadership term: every [`CENSUS_TICK`], ask the running executor pods
+/// that are due (see [`due`]), and wake a task whose pod went idle when a scale-in may follow,
+/// so that the scale-in does not wait for the task's resync.
+pub async fn census(ctx: Arc<Context>, wake: Wake) {
+    let mut ticker = tokio::time::interval(CENSUS_TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticker.tick().await;
+        if ctx.owned.ready().await.is_err() {
+            return;
+        }
+        let tasks: HashMap<(String, String), Arc<PeragoTask>> = ctx
+            .tasks
+            .state()
+            .into_iter()
+            .filter(|t| t.metadata.deletion_timestamp.is_none())
+            .map(|t| ((t.namespace().unwrap_or_default(), t.name_any()), t))
+            .collect();
+        let running: Vec<(String, String, Arc<PeragoTask>)> = ctx
+            .owned
+            .pods
+            .state()
+            .into_iter()
+            .filter_map(|pod| {
+                let name = pod.labels().get(crate::render::TASK_LABEL)?.clone();
+                let task = tasks.get(&(pod.namespace()?, name))?.clone();
+                let ip = address(&pod)?;
+                Some((key(&pod), ip, task))
+            })
+            .collect();
+        ctx.slots
+            .keep_only(&running.iter().map(|(key, ..)| key.as_str()).collect());
+        let now = Instant::now();
+        let ages = running.iter().enumerate().map(|(i, (key, ..))| {
+            let age = ctx
+                .slots
+                .get(key)
+                .map(|f| now.saturating_duration_since(f.at));
+            (i, age)
+        });
+        let due = due(ages, ctx.resync, budget(running.len(), ctx.resync));
+        let asks = due
+            .into_iter()
+            .filter_map(|i| running.get(i))
+            .map(|(key, ip, task)| {
+                let ctx = &ctx;
+                async move {
+                    let before = ctx.slots.get(key);
+                    let slots = i64::from(task.spec.executor.slots);
+                    let after = ask(ctx, key.clone(), ip, slots).await;
+                    let went_idle = before.is_some_and(|b| b.busy > 0) && after.busy == 0;
+                    (went_idle && scale_in_may_follow(ctx, task))
+                        .then(|| ObjectRef::from_obj(&**task))
+                }
+            });
+        for task in futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            wake.wake(task);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Option<Duration> {
+        Some(Duration::from_secs(s))
+    }
+
+    #[test]
+    fn the_census_asks_new_pods_first_then_the_oldest_figures_due() {
+        let period = Duration::from_secs(60);
+        let ages = [
+            (0, secs(10)),
+            (1, None),
+            (2, secs(90)),
+            (3, secs(60)),
+            (4, None),
+            (5, secs(59)),
+        ];
+        assert_eq!(due(ages, period, 10), [1, 4, 2, 3], "0 and 5 are not due");
+        assert_eq!(due(ages, period, 3), [1, 4, 2], "at most the budget");
+        assert!(due([(0, secs(1))], period, 10).is_empty());
+    }
+
+    #[test]
+    fn the_census_budget_renews_every_figure_within_a_period() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(budget(0, minute), 0);
+        assert_eq!(budget(1, minute), 1);
+        assert_eq!(budget(5_000, minute), 167, "twice 5,000 pods over 60 ticks");
+        assert_eq!(
+            budget(3, Duration::from_millis(500)),
+            6,
+            "a period under a tick"
+        );
+    }
+}
