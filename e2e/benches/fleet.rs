@@ -318,6 +318,8 @@ struct Counters {
     probes: u64,
     /// The operator's own counts: reconciles by outcome, deletion-cost writes.
     reconciles: BTreeMap<String, f64>,
+    /// The operator's `/slots` requests by purpose (census, reconcile, scale-in).
+    probe_purposes: BTreeMap<String, f64>,
     cost_writes: f64,
     conductor: BTreeMap<String, f64>,
     /// `verb/resource/subresource` on the resources of the reconcile.
@@ -370,6 +372,7 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
         cpu: cpu_seconds("perago-operator"),
         probes: fleet.probes(),
         reconciles: counter_by(&operator, "perago_operator_reconciles_total", &["outcome"]),
+        probe_purposes: counter_by(&operator, "perago_operator_slot_probes_total", &["purpose"]),
         cost_writes: gauge(&operator, "perago_operator_deletion_cost_writes_total"),
         conductor: counter_by(
             &operator,
@@ -407,15 +410,26 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
         .sum();
     let conductor_calls: f64 = conductor.values().sum();
     let probes = (after.probes - before.probes) as f64;
+    let purposes = delta(&before.probe_purposes, &after.probe_purposes);
+    let cost_writes = after.cost_writes - before.cost_writes;
+    let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
         "  {title}: operator CPU {:.1} s; reconciles {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
-         deletion-cost writes {:.0}\n    apiserver: {}\n    Conductor: {}",
+         deletion-cost writes {cost_writes:.0}\n    /slots probes by purpose: {}{}\n    apiserver: {}\n    Conductor: {}",
         after.cpu - before.cpu,
         listed(&delta(&before.reconciles, &after.reconciles)),
         per_task(writes),
         per_task(conductor_calls),
         per_task(probes),
-        after.cost_writes - before.cost_writes,
+        listed(&purposes),
+        if cost_writes > 0.0 {
+            format!(
+                "; scale-in probes per deletion-cost write {:.2}",
+                scale_in_probes / cost_writes
+            )
+        } else {
+            String::new()
+        },
         listed(&apiserver),
         listed(&conductor),
     );

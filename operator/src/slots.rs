@@ -5,7 +5,7 @@
 //! requests follow the pods and the clock, not the reconciles, and a scale-in costs requests in
 //! proportion to the pods it removes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use perago_api::PeragoTask;
 
 use crate::context::{Context, conductor_url};
-use crate::render;
+use crate::render::{self, TASK_LABEL};
 use crate::scaling::BusyPod;
 use crate::scope::Wake;
 use perago_conductor::queue_name;
@@ -49,10 +49,41 @@ impl Book {
         self.figures().insert(pod, figure)
     }
 
-    /// Forgets the pods not in `running` (gone, or no longer running).
-    fn keep_only(&self, running: &HashSet<&str>) {
-        self.figures()
-            .retain(|pod, _| running.contains(pod.as_str()));
+    fn forget(&self, pod: &str) {
+        self.figures().remove(pod);
+    }
+
+    /// The pods whose figures the census renews now ([`due`], [`budget`]).
+    fn due(&self, now: Instant, period: Duration) -> Vec<String> {
+        let figures = self.figures();
+        let ages = figures
+            .iter()
+            .map(|(pod, f)| (pod, now.saturating_duration_since(f.at)));
+        due(ages, period, budget(figures.len(), period))
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Why a pod is asked: the `purpose` of `perago_operator_slot_probes_total`.
+#[derive(Clone, Copy)]
+enum Purpose {
+    /// The census renews a figure.
+    Census,
+    /// A reconcile found a pod the book has no figure of.
+    Reconcile,
+    /// A scale-in asks again a pod it would remove.
+    ScaleIn,
+}
+
+impl Purpose {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Census => "census",
+            Self::Reconcile => "reconcile",
+            Self::ScaleIn => "scale-in",
+        }
     }
 }
 
@@ -74,7 +105,7 @@ fn address(pod: &Pod) -> Option<String> {
 /// Ask `pod` now how many of its `slots` are busy, and write the answer in the book. A pod that
 /// does not answer counts as fully busy, so that a slow or unreachable sidecar never makes the
 /// operator remove pods that may be working (ADR 0009).
-async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64) -> Figure {
+async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64, purpose: Purpose) -> Figure {
     let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
     let answer = async {
         // Closed only when the process ends; a failed acquire is not an answer either.
@@ -93,7 +124,10 @@ async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64) -> Figure {
         }
     };
     let outcome = if answered { "answered" } else { "unanswered" };
-    ctx.metrics.slot_probes.with_label_values(&[outcome]).inc();
+    ctx.metrics
+        .slot_probes
+        .with_label_values(&[outcome, purpose.label()])
+        .inc();
     let figure = Figure {
         busy,
         answered,
@@ -111,7 +145,7 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
     futures_util::future::join_all(running.map(|(pod, ip)| async move {
         let figure = match ctx.slots.get(&key(pod)) {
             Some(figure) if figure.at.elapsed() < 2 * ctx.resync => figure,
-            _ => ask(ctx, key(pod), &ip, slots).await,
+            _ => ask(ctx, key(pod), &ip, slots, Purpose::Reconcile).await,
         };
         BusyPod::new(ctx, pod, ip, figure)
     }))
@@ -125,7 +159,7 @@ pub async fn ask_again(ctx: &Context, task: &PeragoTask, pods: &mut [BusyPod], w
     let asks = which.iter().filter_map(|&i| {
         let pod = pods.get(i)?;
         let (key, ip) = (format!("{ns}/{}", pod.name), pod.ip.clone());
-        Some(async move { (i, ask(ctx, key, &ip, slots).await) })
+        Some(async move { (i, ask(ctx, key, &ip, slots, Purpose::ScaleIn).await) })
     });
     for (i, figure) in futures_util::future::join_all(asks).await {
         if let Some(pod) = pods.get_mut(i) {
@@ -134,19 +168,17 @@ pub async fn ask_again(ctx: &Context, task: &PeragoTask, pods: &mut [BusyPod], w
     }
 }
 
-/// The pods the census asks in one tick: those the book has no figure of first, then those whose
-/// figure is at least `period` old, oldest first; at most `budget`.
-fn due(
-    ages: impl IntoIterator<Item = (usize, Option<Duration>)>,
+/// The figures the census renews in one tick: those at least `period` old, oldest first; at
+/// most `budget`.
+fn due<K>(
+    ages: impl IntoIterator<Item = (K, Duration)>,
     period: Duration,
     budget: usize,
-) -> Vec<usize> {
-    let mut due: Vec<(usize, Option<Duration>)> = ages
-        .into_iter()
-        .filter(|(_, age)| age.is_none_or(|age| age >= period))
-        .collect();
-    due.sort_by_key(|&(_, age)| (age.is_some(), std::cmp::Reverse(age)));
-    due.into_iter().take(budget).map(|(i, _)| i).collect()
+) -> Vec<K> {
+    let mut due: Vec<(K, Duration)> = ages.into_iter().filter(|(_, age)| *age >= period).collect();
+    due.sort_by_key(|(_, age)| std::cmp::Reverse(*age));
+    due.truncate(budget);
+    due.into_iter().map(|(key, _)| key).collect()
 }
 
 /// Asks per tick so that `pods` figures are each renewed once per `period`: twice the even
@@ -168,9 +200,24 @@ fn scale_in_may_follow(ctx: &Context, task: &PeragoTask) -> bool {
         && ctx.queues.fresh(&conductor_url(task, ctx), &queue) == Some(0)
 }
 
-/// The census, for one leadership term: every [`CENSUS_TICK`], ask the running executor pods
-/// that are due (see [`due`]), and wake a task whose pod went idle when a scale-in may follow,
-/// so that the scale-in does not wait for the task's resync.
+/// A pod of the book that still runs: its IP and its task.
+fn still_running(ctx: &Context, pod: &str) -> Option<(String, Arc<PeragoTask>)> {
+    let (ns, name) = pod.split_once('/')?;
+    let pod = ctx.owned.pods.get(&ObjectRef::new(name).within(ns))?;
+    let ip = address(&pod)?;
+    let task = pod.labels().get(TASK_LABEL)?;
+    let task = ctx.tasks.get(&ObjectRef::new(task).within(ns))?;
+    task.metadata
+        .deletion_timestamp
+        .is_none()
+        .then_some((ip, task))
+}
+
+/// The census, for one leadership term: every [`CENSUS_TICK`], ask again the pods whose
+/// figures are due (new pods get theirs from the reconcile that first sees them running), and
+/// forget those that no longer run. A task whose pod went idle is woken when a scale-in may
+/// follow, so that the scale-in does not wait for the task's resync. A tick reads the book,
+/// not every pod: its cost follows the pods it asks.
 pub async fn census(ctx: Arc<Context>, wake: Wake) {
     let mut ticker = tokio::time::interval(CENSUS_TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -179,50 +226,21 @@ pub async fn census(ctx: Arc<Context>, wake: Wake) {
         if ctx.owned.ready().await.is_err() {
             return;
         }
-        let tasks: HashMap<(String, String), Arc<PeragoTask>> = ctx
-            .tasks
-            .state()
-            .into_iter()
-            .filter(|t| t.metadata.deletion_timestamp.is_none())
-            .map(|t| ((t.namespace().unwrap_or_default(), t.name_any()), t))
-            .collect();
-        let running: Vec<(String, String, Arc<PeragoTask>)> = ctx
-            .owned
-            .pods
-            .state()
-            .into_iter()
-            .filter_map(|pod| {
-                let name = pod.labels().get(crate::render::TASK_LABEL)?.clone();
-                let task = tasks.get(&(pod.namespace()?, name))?.clone();
-                let ip = address(&pod)?;
-                Some((key(&pod), ip, task))
-            })
-            .collect();
-        ctx.slots
-            .keep_only(&running.iter().map(|(key, ..)| key.as_str()).collect());
-        let now = Instant::now();
-        let ages = running.iter().enumerate().map(|(i, (key, ..))| {
-            let age = ctx
-                .slots
-                .get(key)
-                .map(|f| now.saturating_duration_since(f.at));
-            (i, age)
+        let due = ctx.slots.due(Instant::now(), ctx.resync);
+        let asks = due.into_iter().map(|pod| {
+            let ctx = &ctx;
+            async move {
+                let Some((ip, task)) = still_running(ctx, &pod) else {
+                    ctx.slots.forget(&pod);
+                    return None;
+                };
+                let before = ctx.slots.get(&pod);
+                let slots = i64::from(task.spec.executor.slots);
+                let after = ask(ctx, pod, &ip, slots, Purpose::Census).await;
+                let went_idle = before.is_some_and(|b| b.busy > 0) && after.busy == 0;
+                (went_idle && scale_in_may_follow(ctx, &task)).then(|| ObjectRef::from_obj(&*task))
+            }
         });
-        let due = due(ages, ctx.resync, budget(running.len(), ctx.resync));
-        let asks = due
-            .into_iter()
-            .filter_map(|i| running.get(i))
-            .map(|(key, ip, task)| {
-                let ctx = &ctx;
-                async move {
-                    let before = ctx.slots.get(key);
-                    let slots = i64::from(task.spec.executor.slots);
-                    let after = ask(ctx, key.clone(), ip, slots).await;
-                    let went_idle = before.is_some_and(|b| b.busy > 0) && after.busy == 0;
-                    (went_idle && scale_in_may_follow(ctx, task))
-                        .then(|| ObjectRef::from_obj(&**task))
-                }
-            });
         for task in futures_util::future::join_all(asks)
             .await
             .into_iter()
@@ -237,23 +255,22 @@ pub async fn census(ctx: Arc<Context>, wake: Wake) {
 mod tests {
     use super::*;
 
-    fn secs(s: u64) -> Option<Duration> {
-        Some(Duration::from_secs(s))
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
     }
 
     #[test]
-    fn the_census_asks_new_pods_first_then_the_oldest_figures_due() {
+    fn the_census_renews_the_oldest_figures_due() {
         let period = Duration::from_secs(60);
         let ages = [
             (0, secs(10)),
-            (1, None),
             (2, secs(90)),
             (3, secs(60)),
-            (4, None),
             (5, secs(59)),
+            (6, secs(61)),
         ];
-        assert_eq!(due(ages, period, 10), [1, 4, 2, 3], "0 and 5 are not due");
-        assert_eq!(due(ages, period, 3), [1, 4, 2], "at most the budget");
+        assert_eq!(due(ages, period, 10), [2, 6, 3], "0 and 5 are not due");
+        assert_eq!(due(ages, period, 2), [2, 6], "at most the budget");
         assert!(due([(0, secs(1))], period, 10).is_empty());
     }
 

@@ -16,7 +16,7 @@ pub struct Metrics {
     pub reconciles: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
     pub conductor_calls: IntCounterVec,
-    /// `/slots` requests to executor pods, by outcome (answered, unanswered).
+    /// `/slots` requests to executor pods, by outcome (answered, unanswered) and purpose.
     pub slot_probes: IntCounterVec,
     /// Deletion-cost annotations written on executor pods before scale-ins.
     pub deletion_cost_writes: IntCounter,
@@ -67,9 +67,9 @@ impl Metrics {
         let slot_probes = IntCounterVec::new(
             Opts::new(
                 "perago_operator_slot_probes_total",
-                "Requests to executor pods' /slots by outcome (answered, unanswered).",
+                "Requests to executor pods' /slots by outcome (answered, unanswered) and purpose (census, reconcile, scale-in).",
             ),
-            &["outcome"],
+            &["outcome", "purpose"],
         )?;
         let deletion_cost_writes = IntCounter::new(
             "perago_operator_deletion_cost_writes_total",
