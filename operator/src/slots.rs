@@ -22,7 +22,7 @@ use crate::scope::Wake;
 use perago_conductor::queue_name;
 
 /// What a pod last said about its slots.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub struct Figure {
     /// Attempts running; a pod that did not answer counts as fully busy.
     pub busy: i64,
@@ -44,9 +44,8 @@ impl Book {
         self.figures().get(pod).copied()
     }
 
-    /// Writes `figure`; returns the one it replaces.
-    fn put(&self, pod: String, figure: Figure) -> Option<Figure> {
-        self.figures().insert(pod, figure)
+    fn put(&self, pod: String, figure: Figure) {
+        self.figures().insert(pod, figure);
     }
 
     fn forget(&self, pod: &str) {
