@@ -1384,10 +1384,36 @@ printf '{"files": 0}' > "$PERAGO_RESULT""#;
         let names = live().await;
         busy_pods.iter().filter_map(|w| pod_of(w, &names)).collect()
     };
+    // What removed a pod that runs a long attempt, should one be going.
+    let explain = || {
+        let show = |args: &[&str]| cluster.kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+        format!(
+            "pods:\n{}\nevents:\n{}\ntask status:\n{}",
+            show(&[
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-o",
+                "custom-columns=NAME:.metadata.name,PHASE:.status.phase,DELETING:.metadata.deletionTimestamp,COST:.metadata.annotations.controller\\.kubernetes\\.io/pod-deletion-cost"
+            ]),
+            show(&["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"]),
+            show(&[
+                "get",
+                "peragotask",
+                "-n",
+                namespace,
+                name,
+                "-o",
+                "jsonpath={.status}"
+            ]),
+        )
+    };
     assert_eq!(
         busy.len(),
         2,
-        "two pods run the long attempts: {busy_pods:?}"
+        "two pods run the long attempts: {busy_pods:?}\n{}",
+        explain()
     );
 
     let mut busy_removed = 0;
