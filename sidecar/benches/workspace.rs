@@ -684,6 +684,16 @@ async fn attempt(
     }
 }
 
+/// Two files of about 1 KB, both rewritten: the warm-up's and the small stage's workload.
+fn two_tiny_files(key: &'static str) -> Workload {
+    Workload {
+        key,
+        label: "2 x 1 KB, both rewritten".into(),
+        seed: Seed::Small { files: 2 },
+        change: "rewrite 2 1".into(),
+    }
+}
+
 /// One unmeasured attempt of a tiny workload on each side. A freshly started Conductor (a JVM)
 /// answers the first call of each kind hundreds of milliseconds slower than the next ones
 /// (its access log: the first `GET /tasks/{id}` took 533 ms on the server, the next 20 ms),
@@ -698,12 +708,7 @@ async fn warm_up(
     python: &PythonWorker,
 ) {
     eprintln!("warm-up: one unmeasured attempt on each side");
-    let workload = Workload {
-        key: "w",
-        label: "2 x 1 KB, both rewritten".into(),
-        seed: Seed::Small { files: 2 },
-        change: "rewrite 2 1".into(),
-    };
+    let workload = two_tiny_files("w");
     let input = seed(lake, client, repo, &workload.seed).await;
     let sides = [
         (OUR_TASK, "sidecar", pod.pid() as u32),
@@ -730,12 +735,7 @@ impl SmallStage<'_> {
     async fn run(&self, repo: &str, tree: &mut ProcessTree) -> (Vec<f64>, String) {
         let attempts = env_number("PERAGO_BENCH_SMALL_ATTEMPTS", 20).max(1);
         eprintln!("small stage: {attempts} attempts");
-        let workload = Workload {
-            key: "s",
-            label: "2 x 1 KB, both rewritten".into(),
-            seed: Seed::Small { files: 2 },
-            change: "rewrite 2 1".into(),
-        };
+        let workload = two_tiny_files("s");
         let input = seed(self.lake, self.client, repo, &workload.seed).await;
         let logged = self.pod.log().lines().count();
         let mut calls = BTreeMap::new();
