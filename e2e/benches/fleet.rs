@@ -487,8 +487,17 @@ async fn main() {
         "resyncSeconds={}",
         setting("PERAGO_BENCH_FLEET_RESYNC_SECONDS", 60)
     );
+    let queue_poll_seconds = setting("PERAGO_BENCH_FLEET_QUEUE_POLL_SECONDS", 2);
+    let queue_poll = format!("queuePollSeconds={queue_poll_seconds}");
     cluster
-        .install_operator(&["--set", &resync, "--set", "replicas=1"])
+        .install_operator(&[
+            "--set",
+            &resync,
+            "--set",
+            &queue_poll,
+            "--set",
+            "replicas=1",
+        ])
         .unwrap();
     // A fresh install: its peak memory is this run's.
     let metrics = cluster.operator_metrics(&client).await.unwrap();
@@ -498,7 +507,7 @@ async fn main() {
     let (fixed, autoscaled) = (plan.names(false), plan.names(true));
     let pods = plan.tasks * plan.replicas as usize;
     println!(
-        "fleet: {} PeragoTasks ({} autoscaled 0–{r}, {} at {r} replicas) on {nodes} simulated nodes; {pods} executor pods at most",
+        "fleet: {} PeragoTasks ({} autoscaled 0–{r}, {} at {r} replicas) on {nodes} simulated nodes; {pods} executor pods at most; the operator's {resync}, {queue_poll}",
         plan.tasks,
         autoscaled.len(),
         fixed.len(),
@@ -642,6 +651,33 @@ async fn main() {
         tracker.ready_pods(),
     );
     print_wave("queues drained", &before, &after, plan.tasks);
+
+    // 4b. One queue filled at a time: the reconcile's latency after a queue change in the whole
+    // fleet, without a wave of its own that saturates the control plane.
+    tracker.expect([
+        Box::new(move |task, deployment| {
+            written(task, deployment) && asked(deployment) == Some(replicas)
+        }),
+        Box::new(move |_, deployment| rolled_out(deployment, replicas)),
+    ]);
+    let sample: Vec<&String> = autoscaled.iter().step_by(16).collect();
+    let mut scaled = Vec::new();
+    for name in &sample {
+        for _ in 0..plan.replicas {
+            let start = json!({"name": format!("fleet-{name}"), "version": 1, "input": {}});
+            conductor
+                .call(reqwest::Method::POST, "/workflow", Some(&start))
+                .await;
+        }
+        let changed = BTreeMap::from([((*name).clone(), Instant::now())]);
+        let [written_at, _] = goals(tracker.latencies(&changed, limit).await);
+        scaled.extend(written_at);
+    }
+    println!(
+        "4b. one queue filled at a time ({} tasks), from its last start: scaled to {replicas} {}",
+        sample.len(),
+        spread(scaled),
+    );
 
     // 5. An image bump of a tenth of the fixed tasks.
     let image = format!("{BUSYBOX_BODY_IMAGE}-bumped");

@@ -447,42 +447,38 @@ async fn scale(
         }
     };
     let mut next = decide(work, false);
-    // The book's figures may be a census period old: before a scale-in, the pods it would
-    // remove are asked again, and the decision made again with their answers, until every pod
-    // it would remove has answered during this reconcile (ADR 0030).
-    while next < replicas {
-        let count = usize::try_from(replicas - next).unwrap_or(0);
-        let stale = scaling::unconfirmed_removals(&work.busy, count, work.observed);
-        if stale.is_empty() {
-            break;
-        }
-        slots::ask_again(ctx, task, &mut work.busy, &stale).await;
-        work.running = work.busy.iter().map(|p| p.busy).sum();
-        next = decide(work, true);
-    }
-    let (queued, running) = (work.queued, work.running);
-    if next == replicas {
-        return Ok((replicas, false));
-    }
     if next < replicas {
-        let ns = task.namespace().unwrap_or_else(|| "default".into());
-        let key = scaling::task_key(task);
-        let now = std::time::Instant::now();
-        let costs = || {
-            ctx.costs_changed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
-        let removed = usize::try_from(replicas - next).unwrap_or(0);
-        if scaling::mark_deletion_costs(ctx, &ns, &work.busy, removed).await > 0 {
-            costs().insert(key.clone(), now);
+        // The book's figures may be a census period old. The scale-in marks its pods from them
+        // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
+        // would remove asked again, and the decision made again with their answers, until each
+        // has answered during this reconcile. So a pod is asked once, when the scale-in is about
+        // to remove it; should one have turned busy, the marks move and the scale-in waits
+        // again (ADR 0030).
+        let removals = |next: i32| usize::try_from(replicas - next).unwrap_or(0);
+        if let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await {
+            debug!(from = replicas, to = next, %why, "the scale-in waits");
+            return Ok((replicas, true));
         }
-        let costs_changed = costs().get(&key).copied();
-        if let Some(why) = scaling::scale_in_waits(&work.busy, costs_changed, now) {
+        while next < replicas {
+            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), work.observed);
+            if stale.is_empty() {
+                break;
+            }
+            slots::ask_again(ctx, task, &mut work.busy, &stale).await;
+            work.running = work.busy.iter().map(|p| p.busy).sum();
+            next = decide(work, true);
+        }
+        if next < replicas
+            && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
+        {
             debug!(from = replicas, to = next, %why, "the scale-in waits");
             return Ok((replicas, true));
         }
     }
+    if next == replicas {
+        return Ok((replicas, false));
+    }
+    let (queued, running) = (work.queued, work.running);
     api.patch_scale(
         &task.name_any(),
         &PatchParams::default(),
@@ -501,6 +497,33 @@ async fn scale(
     };
     record_scale(api, task, decision).await?;
     Ok((next, false))
+}
+
+/// Set the deletion costs that make the ReplicaSet remove `count` of `pods` (ADR 0027), and
+/// say why the scale-in must still wait, if it must ([`scaling::scale_in_waits`]).
+async fn mark_for_scale_in(
+    ctx: &Context,
+    task: &PeragoTask,
+    pods: &[scaling::BusyPod],
+    count: usize,
+) -> Option<String> {
+    let ns = task.namespace().unwrap_or_else(|| "default".into());
+    let key = scaling::task_key(task);
+    let now = std::time::Instant::now();
+    let mut costs_changed = ctx
+        .costs_changed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&key)
+        .copied();
+    if scaling::mark_deletion_costs(ctx, &ns, pods, count).await > 0 {
+        costs_changed = Some(now);
+        ctx.costs_changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key, now);
+    }
+    scaling::scale_in_waits(pods, costs_changed, now)
 }
 
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
@@ -664,6 +687,143 @@ mod tests {
     use http::Method;
 
     use crate::fixtures::{mocked_context, task};
+
+    /// A `/slots` endpoint at `ip` that answers every pod idle and counts the requests.
+    async fn idle_sidecar(ip: &str) -> Arc<std::sync::atomic::AtomicUsize> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind((ip, render::METRICS_PORT as u16))
+            .await
+            .unwrap_or_else(|e| panic!("binding {ip}:{}: {e}", render::METRICS_PORT));
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut request = [0; 1024];
+                let _ = stream.read(&mut request).await;
+                let body = r#"{"busy":0}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        asked
+    }
+
+    /// A scale-in of an autoscaled task at the HTTP level (ADR 0030): from the book's figures
+    /// it marks the pods it removes and waits, asking no pod; while the marks settle it asks
+    /// and writes nothing; once they have, it asks each pod it removes once, and scales.
+    #[tokio::test]
+    async fn a_scale_in_asks_each_pod_it_removes_once_when_about_to_remove_it() {
+        let (ctx, mut api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let ips = ["127.86.33.1", "127.86.33.2", "127.86.33.3"];
+        let mut asked = Vec::new();
+        for ip in ips {
+            asked.push(idle_sidecar(ip).await);
+        }
+        let total = || {
+            asked
+                .iter()
+                .map(|a| a.load(std::sync::atomic::Ordering::SeqCst))
+                .collect::<Vec<_>>()
+        };
+        // The book, a resync old: a and b idle, c running the one attempt.
+        let long_ago = std::time::Instant::now() - Duration::from_secs(50);
+        let work = |ctx: &Context| {
+            let busy = [("p-a", 0), ("p-b", 0), ("p-c", 1)]
+                .into_iter()
+                .zip(ips)
+                .map(|((name, busy), ip)| {
+                    let pod: Pod = serde_json::from_value(json!({
+                        "metadata": {"name": name, "namespace": "default"},
+                        "status": {"phase": "Running", "podIP": ip,
+                                   "conditions": [{"type": "Ready", "status": "True"}]},
+                    }))
+                    .unwrap();
+                    let figure = slots::Figure {
+                        busy,
+                        answered: true,
+                        at: long_ago,
+                    };
+                    scaling::BusyPod::new(ctx, &pod, ip.into(), figure)
+                })
+                .collect();
+            Work {
+                pods: Vec::new(),
+                busy,
+                running: 1,
+                queued: 0,
+                observed: std::time::Instant::now(),
+            }
+        };
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+
+        // 1. Marks from the book, no question asked, and a wait.
+        let server = tokio::spawn(async move {
+            for pod in ["p-a", "p-b"] {
+                let (patch, answer) = api_server
+                    .expect(Method::PATCH, &format!("/namespaces/default/pods/{pod}"))
+                    .await;
+                assert_eq!(
+                    patch["metadata"]["annotations"][scaling::DELETION_COST],
+                    "-1"
+                );
+                answer.send(200, &json!({"metadata": {"name": pod}}));
+            }
+            api_server
+        });
+        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
+        let mut api_server = server.await.unwrap();
+        assert_eq!(decided, (3, true), "the scale-in waits for its marks");
+        assert_eq!(
+            total(),
+            [0, 0, 0],
+            "no pod is asked before its marks settle"
+        );
+
+        // 2. While the marks settle: nothing asked, nothing written.
+        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
+        assert_eq!(decided, (3, true));
+        assert_eq!(total(), [0, 0, 0]);
+
+        // 3. Settled: the two pods it removes are asked once, and the task scales to 1.
+        ctx.costs_changed.lock().unwrap().insert(
+            "default/t".into(),
+            std::time::Instant::now() - scaling::SCALE_IN_AFTER_COSTS,
+        );
+        let task_json = serde_json::to_value(&*task).unwrap();
+        let server = tokio::spawn(async move {
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
+                .await;
+            assert_eq!(patch["spec"]["replicas"], 1);
+            answer.send(200, &json!({"spec": {"replicas": 1}}));
+            let (_, answer) = api_server
+                .expect(Method::POST, "/namespaces/default/events")
+                .await;
+            answer.send(201, &json!({}));
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
+                .await;
+            assert_eq!(patch["status"]["lastScale"]["to"], 1);
+            answer.send(200, &task_json);
+            api_server.expect_no_more().await;
+        });
+        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(decided, (1, false));
+        assert_eq!(
+            total(),
+            [1, 1, 0],
+            "each pod removed asked once, the one kept not at all"
+        );
+    }
 
     fn invalid_task() -> PeragoTask {
         task(

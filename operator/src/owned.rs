@@ -130,7 +130,8 @@ impl Owned {
 
     /// The watched object of `rendered` when an apply of it would change nothing: this
     /// process last applied the same render, the object is still at the version that apply
-    /// made (nobody changed its spec or, for a ConfigMap, anything), and its labels,
+    /// made or, for one with a generation, at an older one the watch has not caught up from
+    /// yet (nobody changed its spec or, for a ConfigMap, anything), and its labels,
     /// annotations and owners still hold the rendered ones (those change no generation).
     /// After a restart nothing is known, and each object is applied once.
     pub fn unchanged<K>(&self, store: &Stores<K>, rendered: &K) -> Option<Arc<K>>
@@ -140,7 +141,7 @@ impl Owned {
         let key = ObjectRef::new(&rendered.name_any()).within(rendered.namespace().as_deref()?);
         let live = store.get(&key)?;
         let (hash, made) = self.memo().get(&memo_key(rendered))?.clone();
-        if hash != render_hash(rendered)? || version(&*live)? != made {
+        if hash != render_hash(rendered)? || !unchanged_since(&version(&*live)?, &made) {
             return None;
         }
         let (Ok(live_meta), Ok(rendered_meta)) = (
@@ -196,6 +197,21 @@ fn version<K: Resource>(object: &K) -> Option<String> {
         .map(|g| format!("generation {g}"))
         .or_else(|| meta.resource_version.clone())?;
     Some(format!("{} {version}", meta.uid.as_deref()?))
+}
+
+/// Whether the watched object at version `live` shows no change since this process's apply
+/// made version `made`: the same version, or an older generation of the same object. Under
+/// load the watch shows the operator's own apply seconds late; a change by anybody else after
+/// it would have a higher generation, so an older one means only that the watch lags, and
+/// applying again would write the same render once per reconcile until it caught up.
+fn unchanged_since(live: &str, made: &str) -> bool {
+    let generation = |version: &str| {
+        let (uid, generation) = version.split_once(" generation ")?;
+        Some((uid.to_owned(), generation.parse::<i64>().ok()?))
+    };
+    live == made
+        || matches!((generation(live), generation(made)),
+            (Some((a, older)), Some((b, newer))) if a == b && older < newer)
 }
 
 impl Writers {
@@ -509,5 +525,26 @@ mod tests {
         );
         owned.forget("ns", "t-perago");
         assert!(owned.unchanged(&store, &rendered).is_none(), "forgotten");
+    }
+
+    #[test]
+    fn a_watch_behind_the_operators_own_apply_is_not_a_change() {
+        assert!(unchanged_since("u generation 3", "u generation 3"));
+        assert!(
+            unchanged_since("u generation 2", "u generation 3"),
+            "the watch has not caught up with the apply yet"
+        );
+        assert!(
+            !unchanged_since("u generation 4", "u generation 3"),
+            "somebody changed the spec since"
+        );
+        assert!(
+            !unchanged_since("v generation 2", "u generation 3"),
+            "another object of the same name"
+        );
+        assert!(
+            !unchanged_since("u 6", "u 7"),
+            "resource versions are compared for equality only"
+        );
     }
 }

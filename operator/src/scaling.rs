@@ -162,7 +162,7 @@ fn ranked(pods: &[BusyPod]) -> Vec<usize> {
 }
 
 /// The pods a scale-in by `count` would remove whose figures were taken before `since`: those
-/// it asks again before deciding (ADR 0030).
+/// it asks again before acting (ADR 0030).
 pub fn unconfirmed_removals(pods: &[BusyPod], count: usize, since: Instant) -> Vec<usize> {
     ranked(pods)
         .into_iter()
