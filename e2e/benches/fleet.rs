@@ -37,7 +37,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use perago_api::PeragoTask;
 use perago_e2e::Selection;
-use perago_e2e::cluster::Cluster;
+use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
 use perago_e2e::fleet::Fleet;
 use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
@@ -383,6 +383,20 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
     }
 }
 
+/// The operator's Conductor queue reads so far.
+async fn queue_reads(operator_metrics: &str) -> f64 {
+    let text = reqwest::get(operator_metrics)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    counter_by(&text, "perago_operator_conductor_calls_total", &["call"])
+        .get("queue sizes")
+        .copied()
+        .unwrap_or(0.0)
+}
+
 /// The value of an unlabelled series in a Prometheus text exposition (0 when absent).
 fn gauge(text: &str, name: &str) -> f64 {
     text.lines()
@@ -661,22 +675,46 @@ async fn main() {
         Box::new(move |_, deployment| rolled_out(deployment, replicas)),
     ]);
     let sample: Vec<&String> = autoscaled.iter().step_by(16).collect();
-    let mut scaled = Vec::new();
+    let (mut scaled, mut reacted) = (Vec::new(), Vec::new());
     for name in &sample {
-        for _ in 0..plan.replicas {
+        for i in 0..plan.replicas {
             let start = json!({"name": format!("fleet-{name}"), "version": 1, "input": {}});
+            let last = i + 1 == plan.replicas;
+            let reads_before = if last {
+                queue_reads(&metrics).await
+            } else {
+                0.0
+            };
             conductor
                 .call(reqwest::Method::POST, "/workflow", Some(&start))
                 .await;
+            if last {
+                let changed = Instant::now();
+                // The operator's first queue read after the last start (found within 50 ms;
+                // one that began just before the start is taken for it, so the operator's
+                // part is if anything overstated).
+                let read = loop {
+                    if queue_reads(&metrics).await > reads_before {
+                        break changed.elapsed();
+                    }
+                    assert!(
+                        changed.elapsed() < limit,
+                        "the operator stopped reading the queues"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                let changed_now = BTreeMap::from([((*name).clone(), changed)]);
+                let [written_at, _] = goals(tracker.latencies(&changed_now, limit).await);
+                reacted.extend(written_at.iter().map(|w| w - read.as_secs_f64()));
+                scaled.extend(written_at);
+            }
         }
-        let changed = BTreeMap::from([((*name).clone(), Instant::now())]);
-        let [written_at, _] = goals(tracker.latencies(&changed, limit).await);
-        scaled.extend(written_at);
     }
     println!(
-        "4b. one queue filled at a time ({} tasks), from its last start: scaled to {replicas} {}",
+        "4b. one queue filled at a time ({} tasks): scaled to {replicas}, from its last start {}; from the operator's next queue read {}",
         sample.len(),
         spread(scaled),
+        spread(reacted),
     );
 
     // 5. An image bump of a tenth of the fixed tasks.
@@ -728,6 +766,23 @@ async fn main() {
         rss_mib("perago-operator"),
         peak_rss_mib("perago-operator")
     );
+    // What failed, should a reconcile have (the goal is none).
+    let logs = cluster
+        .kubectl(&[
+            "logs",
+            "-n",
+            OPERATOR_NAMESPACE,
+            &format!("deploy/{OPERATOR_DEPLOYMENT}"),
+        ])
+        .unwrap_or_else(|e| format!("{e:#}"));
+    let failed: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("reconcile failed"))
+        .collect();
+    println!("reconcile failures in the operator's log: {}", failed.len());
+    for line in failed.iter().take(5) {
+        println!("  {}", line.chars().take(600).collect::<String>());
+    }
 
     // 6. Deletion.
     let deleting = Instant::now();

@@ -343,6 +343,8 @@ fn run(
                 recommendations: Default::default(),
                 costs_changed: Default::default(),
                 costs_written: Default::default(),
+                scales_written: Default::default(),
+                slots_port: crate::render::METRICS_PORT as u16,
                 pods_http: reqwest::Client::builder()
                     .timeout(std::time::Duration::from_secs(1))
                     // A pod is asked about once a resync: a connection kept open to each

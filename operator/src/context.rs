@@ -34,6 +34,12 @@ pub struct Context {
     /// the cache of pods shows it ([`crate::scaling::cost_now`]).
     pub costs_written:
         std::sync::Mutex<std::collections::HashMap<String, (Option<String>, std::time::Instant)>>,
+    /// The replicas this process last wrote through each autoscaled task's `/scale`, the
+    /// task's generation before that write, and when ([`crate::scaling::scale_written`]).
+    pub scales_written:
+        std::sync::Mutex<std::collections::HashMap<String, crate::scaling::ScaleWritten>>,
+    /// The port of the executor pods' `/slots` ([`crate::render::METRICS_PORT`]).
+    pub slots_port: u16,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
     pub pods_http: reqwest::Client,
     /// Permits for `/slots` requests in flight ([`crate::scaling::PROBES_AT_ONCE`]).

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::{Error as FinalizerError, Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
@@ -431,6 +431,10 @@ async fn scale(
     let Some(auto) = &task.spec.executor.autoscaling else {
         return Ok((replicas, false));
     };
+    if let Some(written) = scaling::scale_written(ctx, task) {
+        // This process's last decision, not yet in the watched task: it stands.
+        return Ok((written, false));
+    }
     let window =
         Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
     let decide = |work: &Work, again: bool| {
@@ -485,6 +489,7 @@ async fn scale(
         &Patch::Merge(json!({"spec": {"replicas": next}})),
     )
     .await?;
+    scaling::wrote_scale(ctx, task, next);
     let reason = scaling::reason(queued, running, auto, next);
     info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
     let note = format!("{replicas} → {next} executor pods: {reason}");
@@ -567,6 +572,7 @@ async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, E
     let started = std::time::Instant::now();
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = task.name_any();
     let reconciled = finalizer(&api, FINALIZER, task, |event| async {
         match event {
             Finalizer::Apply(task) => apply(task, &ctx).await,
@@ -577,8 +583,19 @@ async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, E
     // good (Kubernetes API calls wait up to kube's 295 s read timeout). Past the deadline it
     // is dropped at its await point and retried; every step of it is idempotent.
     let result = match tokio::time::timeout(RECONCILE_DEADLINE, reconciled).await {
-        Ok(result) => result.map_err(|e| Error::Finalizer(Box::new(e))),
         Err(_) => Err(Error::Deadline(RECONCILE_DEADLINE)),
+        Ok(Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(refusal))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(refusal)),
+        )) if refusal.code == 422 => {
+            // kube-runtime's finalizer patch tests the finalizers this reconcile read, and
+            // the apiserver refuses it when they changed since: under load, because an earlier
+            // reconcile's own finalizer write has not reached the watch yet. Nothing failed,
+            // and the watch's event of that write reconciles the task again.
+            debug!(task = %name, "the task's finalizers changed since they were read; looking again");
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Ok(result) => result.map_err(|e| Error::Finalizer(Box::new(e))),
     };
     let m = &ctx.metrics;
     m.reconcile_seconds
@@ -688,12 +705,14 @@ mod tests {
 
     use crate::fixtures::{mocked_context, task};
 
-    /// A `/slots` endpoint at `ip` that answers every pod idle and counts the requests.
-    async fn idle_sidecar(ip: &str) -> Arc<std::sync::atomic::AtomicUsize> {
+    /// A `/slots` endpoint at `ip` and `port` (0: any) that answers every pod idle and counts
+    /// the requests; and its port.
+    async fn idle_sidecar(ip: &str, port: u16) -> (Arc<std::sync::atomic::AtomicUsize>, u16) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind((ip, render::METRICS_PORT as u16))
+        let listener = tokio::net::TcpListener::bind((ip, port))
             .await
-            .unwrap_or_else(|e| panic!("binding {ip}:{}: {e}", render::METRICS_PORT));
+            .unwrap_or_else(|e| panic!("binding {ip}:{port}: {e}"));
+        let port = listener.local_addr().unwrap().port();
         let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = asked.clone();
         tokio::spawn(async move {
@@ -709,7 +728,7 @@ mod tests {
                 let _ = stream.write_all(answer.as_bytes()).await;
             }
         });
-        asked
+        (asked, port)
     }
 
     /// A scale-in of an autoscaled task at the HTTP level (ADR 0030): from the book's figures
@@ -717,16 +736,18 @@ mod tests {
     /// and writes nothing; once they have, it asks each pod it removes once, and scales.
     #[tokio::test]
     async fn a_scale_in_asks_each_pod_it_removes_once_when_about_to_remove_it() {
-        let (ctx, mut api_server) = mocked_context();
+        let (mut ctx, mut api_server) = mocked_context();
         let task = Arc::new(task(
             "{name: t, namespace: default, uid: u-1, generation: 1}",
             "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
         ));
         let ips = ["127.86.33.1", "127.86.33.2", "127.86.33.3"];
-        let mut asked = Vec::new();
-        for ip in ips {
-            asked.push(idle_sidecar(ip).await);
+        let (first, port) = idle_sidecar(ips[0], 0).await;
+        let mut asked = vec![first];
+        for ip in &ips[1..] {
+            asked.push(idle_sidecar(ip, port).await.0);
         }
+        Arc::get_mut(&mut ctx).unwrap().slots_port = port;
         let total = || {
             asked
                 .iter()
@@ -877,6 +898,36 @@ mod tests {
         let action = reconcile(Arc::new(invalid_task()), context).await.unwrap();
         assert_eq!(action, Action::await_change());
         server.await.unwrap().expect_no_more().await;
+    }
+
+    /// A finalizer patch refused because the finalizers changed since the reconcile read them
+    /// (its own earlier write, not yet watched) is no failure: the task is looked at again.
+    #[tokio::test]
+    async fn a_finalizer_written_since_the_read_is_not_a_failure() {
+        let (context, mut api) = mocked_context();
+        let mut task = invalid_task();
+        task.metadata.finalizers = None;
+        let server = tokio::spawn(async move {
+            let (patch, answer) = api
+                .expect(
+                    Method::PATCH,
+                    "/apis/perago.io/v1alpha1/namespaces/default/peragotasks/broken",
+                )
+                .await;
+            assert_eq!(patch[0]["op"], "test", "{patch}");
+            answer.send(
+                422,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Invalid", "code": 422, "message": "test failed"}),
+            );
+            api.expect_no_more().await;
+        });
+        let action = reconcile(Arc::new(task), context.clone()).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+        let reconciles = &context.metrics.reconciles;
+        assert_eq!(reconciles.with_label_values(&["ok"]).get(), 1);
+        assert_eq!(reconciles.with_label_values(&["error"]).get(), 0);
     }
 
     /// Deleting a task with the default Retain policy: no Conductor call, and the only API call

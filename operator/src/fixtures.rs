@@ -66,6 +66,8 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         recommendations: Default::default(),
         costs_changed: Default::default(),
         costs_written: Default::default(),
+        scales_written: Default::default(),
+        slots_port: crate::render::METRICS_PORT as u16,
         pods_http: reqwest::Client::new(),
         probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
         slots: Default::default(),

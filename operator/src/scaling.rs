@@ -66,13 +66,60 @@ pub const SCALE_IN_AFTER_COSTS: Duration = Duration::from_secs(2);
 /// together.
 pub const PROBES_AT_ONCE: usize = 64;
 
-/// How long a deletion cost this process wrote outranks the pod cache's. Under load the cache
-/// shows the operator's own writes seconds late, and a scale-in deferred until then wrote
-/// the same marks again (docs/scale.md); after this long, the cache is believed.
-const WRITTEN_COST_TRUSTED: Duration = Duration::from_secs(30);
+/// How long a deletion cost or a scale this process wrote outranks the watched objects. Under
+/// load the watches show the operator's own writes seconds late, and a scale-in deferred until
+/// then wrote the same marks again (docs/scale.md); after this long, the watch is believed.
+const OWN_WRITE_TRUSTED: Duration = Duration::from_secs(30);
+
+/// A `/scale` write of this process that the watch of tasks may not show yet.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaleWritten {
+    /// The task's generation the decision was made on; the write makes a higher one.
+    generation: i64,
+    replicas: i32,
+    at: Instant,
+}
+
+/// The replicas this process last wrote for `task` while the watched task does not show the
+/// write yet (for at most [`OWN_WRITE_TRUSTED`]): the task is still at the generation the
+/// write was decided on. Under load the watch shows the operator's own writes seconds late;
+/// deciding again from the older replicas would scale in again (more `/slots` requests and
+/// deletion costs, another `/scale` write), as the fleet benchmark showed on a loaded
+/// machine. Once the watch shows a newer generation, the task's own replicas hold.
+pub fn scale_written(ctx: &Context, task: &PeragoTask) -> Option<i32> {
+    let mut written = ctx
+        .scales_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = task_key(task);
+    let w = *written.get(&key)?;
+    if task.metadata.generation == Some(w.generation) && w.at.elapsed() <= OWN_WRITE_TRUSTED {
+        return Some(w.replicas);
+    }
+    written.remove(&key);
+    None
+}
+
+/// `task`, at the generation it was read at, was scaled to `replicas` by this process.
+pub fn wrote_scale(ctx: &Context, task: &PeragoTask, replicas: i32) {
+    let Some(generation) = task.metadata.generation else {
+        return;
+    };
+    let written = ScaleWritten {
+        generation,
+        replicas,
+        at: Instant::now(),
+    };
+    let mut all = ctx
+        .scales_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|_, w| w.at.elapsed() <= OWN_WRITE_TRUSTED);
+    all.insert(task_key(task), written);
+}
 
 /// `pod`'s deletion cost: the one this process last wrote while the cache does not show it
-/// yet (for at most [`WRITTEN_COST_TRUSTED`]), else the cached annotation.
+/// yet (for at most [`OWN_WRITE_TRUSTED`]), else the cached annotation.
 pub fn cost_now(ctx: &Context, pod: &Pod) -> Option<String> {
     let cached = pod.annotations().get(DELETION_COST).cloned();
     let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
@@ -83,7 +130,7 @@ pub fn cost_now(ctx: &Context, pod: &Pod) -> Option<String> {
     let Some((cost, at)) = written.get(&key) else {
         return cached;
     };
-    if *cost == cached || at.elapsed() > WRITTEN_COST_TRUSTED {
+    if *cost == cached || at.elapsed() > OWN_WRITE_TRUSTED {
         written.remove(&key);
         return cached;
     }
@@ -227,7 +274,7 @@ pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], coun
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 // Entries of pods gone since (a scale-in removes them) are never read again.
-                written.retain(|_, (_, at)| at.elapsed() <= WRITTEN_COST_TRUSTED);
+                written.retain(|_, (_, at)| at.elapsed() <= OWN_WRITE_TRUSTED);
                 written.insert(
                     format!("{ns}/{name}"),
                     (cost.map(str::to_owned), Instant::now()),
@@ -404,6 +451,30 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_scale_written_stands_until_the_watched_task_shows_it() {
+        let (ctx, _api) = crate::fixtures::mocked_context();
+        let at = |generation: i64| {
+            crate::fixtures::task(
+                &format!("{{name: t, namespace: ns, generation: {generation}}}"),
+                "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 5, body: {image: b, command: [run]}}}",
+            )
+        };
+        assert_eq!(scale_written(&ctx, &at(3)), None, "nothing written");
+        wrote_scale(&ctx, &at(3), 0);
+        assert_eq!(
+            scale_written(&ctx, &at(3)),
+            Some(0),
+            "the watch still shows the generation the write was decided on"
+        );
+        assert_eq!(scale_written(&ctx, &at(4)), None, "the watch caught up");
+        assert_eq!(
+            scale_written(&ctx, &at(3)),
+            None,
+            "forgotten once caught up"
+        );
+    }
 
     fn spec() -> AutoscalingSpec {
         AutoscalingSpec {

@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use perago_api::PeragoTask;
 
 use crate::context::{Context, conductor_url};
-use crate::render::{self, TASK_LABEL};
+use crate::render::TASK_LABEL;
 use crate::scaling::BusyPod;
 use crate::scope::Wake;
 use perago_conductor::queue_name;
@@ -105,7 +105,7 @@ fn address(pod: &Pod) -> Option<String> {
 /// does not answer counts as fully busy, so that a slow or unreachable sidecar never makes the
 /// operator remove pods that may be working (ADR 0009).
 async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64, purpose: Purpose) -> Figure {
-    let url = format!("http://{ip}:{}/slots", render::METRICS_PORT);
+    let url = format!("http://{ip}:{}/slots", ctx.slots_port);
     let answer = async {
         // Closed only when the process ends; a failed acquire is not an answer either.
         let _permit = ctx.probes.acquire().await;
