@@ -321,6 +321,8 @@ struct Counters {
     /// The operator's `/slots` requests by purpose (census, reconcile, scale-in).
     probe_purposes: BTreeMap<String, f64>,
     cost_writes: f64,
+    /// The operator's reconciles' seconds in all, and their count.
+    reconcile_seconds: (f64, f64),
     conductor: BTreeMap<String, f64>,
     /// `verb/resource/subresource` on the resources of the reconcile.
     apiserver: BTreeMap<String, f64>,
@@ -374,6 +376,13 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
         reconciles: counter_by(&operator, "perago_operator_reconciles_total", &["outcome"]),
         probe_purposes: counter_by(&operator, "perago_operator_slot_probes_total", &["purpose"]),
         cost_writes: gauge(&operator, "perago_operator_deletion_cost_writes_total"),
+        reconcile_seconds: (
+            gauge(&operator, "perago_operator_reconcile_duration_seconds_sum"),
+            gauge(
+                &operator,
+                "perago_operator_reconcile_duration_seconds_count",
+            ),
+        ),
         conductor: counter_by(
             &operator,
             "perago_operator_conductor_calls_total",
@@ -428,10 +437,11 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
     let cost_writes = after.cost_writes - before.cost_writes;
     let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
-        "  {title}: operator CPU {:.1} s; reconciles {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
+        "  {title}: operator CPU {:.1} s; reconciles {} ({:.0} ms each on average); per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
          deletion-cost writes {cost_writes:.0}\n    /slots probes by purpose: {}{}\n    apiserver: {}\n    Conductor: {}",
         after.cpu - before.cpu,
         listed(&delta(&before.reconciles, &after.reconciles)),
+        mean_reconcile_ms(before, after),
         per_task(writes),
         per_task(conductor_calls),
         per_task(probes),
@@ -447,6 +457,19 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
         listed(&apiserver),
         listed(&conductor),
     );
+}
+
+/// The mean time a reconcile took between two counts, in milliseconds.
+fn mean_reconcile_ms(before: &Counters, after: &Counters) -> f64 {
+    let (seconds, count) = (
+        after.reconcile_seconds.0 - before.reconcile_seconds.0,
+        after.reconcile_seconds.1 - before.reconcile_seconds.1,
+    );
+    if count > 0.0 {
+        seconds / count * 1000.0
+    } else {
+        0.0
+    }
 }
 
 /// The steady state's rates, against the goals (docs/scale.md).
