@@ -542,6 +542,10 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .remove(&key);
+    ctx.scales_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&key);
     ctx.owned.forget(
         task.namespace().as_deref().unwrap_or("default"),
         &render::object_name(&task),
