@@ -39,7 +39,7 @@ use perago_api::PeragoTask;
 use perago_e2e::Selection;
 use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
 use perago_e2e::fleet::Fleet;
-use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib};
+use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib, scrape};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
 use serde_json::{Value, json};
@@ -354,12 +354,7 @@ fn operators_write(key: &str) -> bool {
 }
 
 async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) -> Counters {
-    let operator = reqwest::get(operator_metrics)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let operator = scrape(operator_metrics).await;
     let apiserver = Cluster::apiserver_metrics(client).await.unwrap();
     let apiserver = counter_by(
         &apiserver,
@@ -394,12 +389,7 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
 
 /// The operator's Conductor queue reads so far.
 async fn queue_reads(operator_metrics: &str) -> f64 {
-    let text = reqwest::get(operator_metrics)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = scrape(operator_metrics).await;
     counter_by(&text, "perago_operator_conductor_calls_total", &["call"])
         .get("queue sizes")
         .copied()

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams};
 use perago_e2e::cluster::Cluster;
-use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib};
+use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib, scrape};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, Services};
@@ -73,12 +73,7 @@ struct Counters {
 const RESOURCES: [&str; 5] = ["peragotasks", "configmaps", "deployments", "events", "pods"];
 
 async fn counters(client: &kube::Client, operator_metrics: &str) -> Counters {
-    let operator = reqwest::get(operator_metrics)
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let operator = scrape(operator_metrics).await;
     let apiserver = Cluster::apiserver_metrics(client).await.unwrap();
     let apiserver = counter_by(&apiserver, "apiserver_request_total", &["verb", "resource"])
         .into_iter()

@@ -168,6 +168,17 @@ impl ProcessTree {
     }
 }
 
+/// The Prometheus text exposition served at `url`; a benchmark that cannot read it stops,
+/// naming the URL.
+pub async fn scrape(url: &str) -> String {
+    let response = reqwest::get(url).await.and_then(|r| r.error_for_status());
+    let text = match response {
+        Ok(response) => response.text().await,
+        Err(e) => Err(e),
+    };
+    text.unwrap_or_else(|e| panic!("reading the metrics at {url}: {e}"))
+}
+
 /// The samples of the counter `name` in a Prometheus text exposition, summed by the values
 /// of `labels` (joined by `/`).
 pub fn counter_by(text: &str, name: &str, labels: &[&str]) -> BTreeMap<String, f64> {

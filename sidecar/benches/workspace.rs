@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use futures_util::{StreamExt, TryStreamExt};
 use perago_api::{contract, manifest, taskdef};
 use perago_e2e::lake::Lake;
-use perago_e2e::measure::{ProcessTree, counter_by, delta};
+use perago_e2e::measure::{ProcessTree, counter_by, delta, scrape};
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, Services};
@@ -765,12 +765,7 @@ impl SmallStage<'_> {
 
     /// lakeFS's count of API requests so far, by operation.
     async fn lakefs_calls(&self) -> BTreeMap<String, f64> {
-        let text = reqwest::get(format!("{}/metrics", self.endpoint))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = scrape(&format!("{}/metrics", self.endpoint)).await;
         counter_by(&text, "api_request_duration_seconds_count", &["operation"])
     }
 }
