@@ -4,7 +4,7 @@
 //! disk in parallel, so memory is bounded by the parallelism, not by object sizes; sizes are
 //! checked against the listing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -203,6 +203,35 @@ pub fn plan(
     Ok(out)
 }
 
+/// The planned files, each directory's in turn: the transfers at once make their files in
+/// different directories where there are several. Making a file takes its directory's lock,
+/// so transfers into one directory wait on each other (and, on a file system that checks
+/// recently freed inodes, spin on the lock while it does).
+fn by_turns(planned: Vec<(String, ObjectEntry)>) -> impl Iterator<Item = (String, ObjectEntry)> {
+    let mut directories: Vec<VecDeque<(String, ObjectEntry)>> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for (local, entry) in planned {
+        let parent = local.rsplit_once('/').map_or("", |(p, _)| p).to_owned();
+        let at = *index.entry(parent).or_insert_with(|| {
+            directories.push(VecDeque::new());
+            directories.len() - 1
+        });
+        directories[at].push_back((local, entry));
+    }
+    let mut turn = 0;
+    std::iter::from_fn(move || {
+        while !directories.is_empty() {
+            turn %= directories.len();
+            if let Some(next) = directories[turn].pop_front() {
+                turn += 1;
+                return Some(next);
+            }
+            directories.swap_remove(turn);
+        }
+        None
+    })
+}
+
 /// Download the workspace at `reference` into `dir` (which must exist and be empty).
 pub async fn download(
     client: &LakeFsClient,
@@ -226,7 +255,7 @@ pub async fn download(
         timeout: object_timeout,
     };
     let source = &source;
-    let mut transfers = futures_util::stream::iter(planned.into_iter().map(|(local, entry)| {
+    let mut transfers = futures_util::stream::iter(by_turns(planned).map(|(local, entry)| {
         let target = dir.join(&local);
         async move {
             let size = source.fetch(&entry, &target).await?;
@@ -253,6 +282,9 @@ async fn create_directories(
         .filter(|p| !p.as_os_str().is_empty())
         .map(|p| dir.join(p))
         .collect();
+    if parents.is_empty() {
+        return Ok(());
+    }
     tokio::task::spawn_blocking(move || {
         // In sorted order a parent comes before its children, so each call makes one level.
         for parent in &parents {
@@ -431,6 +463,15 @@ mod tests {
             size_bytes: Some(1),
             ..ObjectEntry::default()
         }
+    }
+
+    #[test]
+    fn the_transfers_take_the_directories_in_turn_and_miss_no_file() {
+        let keys = ["a/1", "a/2", "a/3", "b/1", "c/1", "c/2", "top"].map(|k| format!("d/{k}"));
+        let planned = plan(&keys.map(|k| entry(&k)), "d").unwrap();
+        let order: Vec<String> = by_turns(planned).map(|(local, _)| local).collect();
+        assert_eq!(order, ["a/1", "b/1", "c/1", "top", "a/2", "c/2", "a/3"]);
+        assert!(by_turns(Vec::new()).next().is_none());
     }
 
     #[test]
