@@ -451,6 +451,12 @@ async fn scale(
         }
     };
     let mut next = decide(work, false);
+    if next < replicas
+        && let Some(pod) = work.pods.iter().find(|p| scaling::starting(p))
+    {
+        debug!(from = replicas, to = next, pod = %pod.name_any(), "the scale-in waits for a starting pod");
+        return Ok((replicas, true));
+    }
     if next < replicas {
         // The book's figures may be a census period old. The scale-in marks its pods from them
         // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
@@ -733,6 +739,40 @@ mod tests {
             }
         });
         (asked, port)
+    }
+
+    /// A new pod's sidecar may poll before the kubelet reports the pod Running, when the pod
+    /// has no figure in the book yet: the scale-in its poll would trigger (its queue now empty)
+    /// waits for it, and makes no request, rather than count none of its work.
+    #[tokio::test]
+    async fn a_scale_in_waits_for_a_pod_that_is_starting() {
+        let (ctx, _api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let starting: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p-new", "namespace": "default"},
+            "status": {"phase": "Pending",
+                       "conditions": [{"type": "PodScheduled", "status": "True"}]},
+        }))
+        .unwrap();
+        let mut work = Work {
+            pods: vec![Arc::new(starting)],
+            busy: Vec::new(),
+            running: 0,
+            queued: 0,
+            observed: std::time::Instant::now(),
+        };
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+        let decided = tokio::time::timeout(
+            Duration::from_secs(5),
+            scale(&ctx, &tasks, &task, &mut work),
+        )
+        .await
+        .expect("the scale-in made a request to the API server")
+        .unwrap();
+        assert_eq!(decided, (1, true), "the scale-in waits");
     }
 
     /// A scale-in of an autoscaled task at the HTTP level (ADR 0030): from the book's figures

@@ -50,7 +50,7 @@ pub fn replica_failure(deployment: &DeploymentStatus) -> Option<PodProblem> {
     })
 }
 
-fn pod_problem(pod: &Pod) -> Option<PodProblem> {
+pub(crate) fn pod_problem(pod: &Pod) -> Option<PodProblem> {
     let name = pod.metadata.name.as_deref().unwrap_or("?");
     if pod.metadata.deletion_timestamp.is_some() {
         return None;

@@ -226,6 +226,25 @@ pub struct Drain {
     woken: bool,
 }
 
+/// Whether `pod` may have taken work that no figure shows yet: scheduled, neither going nor
+/// stuck, and not running in the watched pods. Its sidecar polls as soon as it starts, and the
+/// kubelet reports the pod Running a moment later; a scale-in decided in between would count
+/// none of its work, and could remove it. A pod that cannot start (unschedulable, its image
+/// not pulled, a crash loop) takes no work and is not waited for.
+pub fn starting(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    pod.metadata.deletion_timestamp.is_none()
+        && status.phase.as_deref() == Some("Pending")
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+        && crate::pods::pod_problem(pod).is_none()
+}
+
 /// The key of a task's entries in the scaler's per-task state.
 pub fn task_key(task: &PeragoTask) -> String {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
@@ -517,6 +536,51 @@ mod tests {
             "the pods asked again were busy: the last recommendation is theirs"
         );
         assert_eq!(h.last().map(|(_, r)| *r), Some(1));
+    }
+
+    #[test]
+    fn a_scheduled_pod_not_running_yet_is_starting_unless_it_is_stuck_or_going() {
+        let pod = |phase: &str, scheduled: &str, waiting: Option<&str>, going: bool| -> Pod {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "t-perago-abc"},
+                "status": {
+                    "phase": phase,
+                    "conditions": [{"type": "PodScheduled", "status": scheduled}],
+                    "containerStatuses": waiting.map(|reason| json!([{
+                        "name": "body", "image": "", "imageID": "", "ready": false,
+                        "restartCount": 0, "state": {"waiting": {"reason": reason}},
+                    }])),
+                },
+            }))
+            .unwrap();
+            if going {
+                pod.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::now(),
+                    ));
+            }
+            pod
+        };
+        assert!(starting(&pod("Pending", "True", None, false)));
+        assert!(starting(&pod(
+            "Pending",
+            "True",
+            Some("ContainerCreating"),
+            false
+        )));
+        assert!(
+            !starting(&pod("Running", "True", None, false)),
+            "running: asked"
+        );
+        assert!(
+            !starting(&pod("Pending", "False", None, false)),
+            "not scheduled"
+        );
+        assert!(
+            !starting(&pod("Pending", "True", Some("ImagePullBackOff"), false)),
+            "stuck"
+        );
+        assert!(!starting(&pod("Pending", "True", None, true)), "going");
     }
 
     fn pod(name: &str, busy: i64, answered: bool, ready: bool) -> BusyPod {
