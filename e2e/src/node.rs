@@ -87,6 +87,12 @@ pub fn claim_machine(dir: &Path) -> Result<Machine> {
             }
         }
     }
+    if told {
+        eprintln!(
+            "[e2e] the node of the other run stopped {:.1?} later",
+            started.elapsed()
+        );
+    }
     std::fs::write(LOCK, format!("{}\n", std::process::id()))?;
     let janitor = bin_dir().join("node-janitor");
     run(

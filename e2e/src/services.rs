@@ -706,7 +706,10 @@ impl Kube {
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
                 "--v=0",
-            ]);
+            ])
+            // Stopped on SIGTERM, it drains its watches for over 5 s, and etcd waits for it:
+            // when the harness stops them, no client is left to drain for.
+            .env("PERAGO_WATCHDOG_GRACE_SECONDS", "1");
         let pki = if for_node {
             let pki = NodePki::create(&home.join("pki"))?;
             let ca = &pki.authority;
