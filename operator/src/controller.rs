@@ -452,7 +452,10 @@ async fn scale(
     };
     let mut next = decide(work, false);
     if next < replicas
-        && let Some(pod) = work.pods.iter().find(|p| scaling::starting(p))
+        && let Some(pod) = work
+            .pods
+            .iter()
+            .find(|p| scaling::starting(p, k8s_openapi::jiff::Timestamp::now()))
     {
         debug!(from = replicas, to = next, pod = %pod.name_any(), "the scale-in waits for a starting pod");
         return Ok((replicas, true));
@@ -754,7 +757,8 @@ mod tests {
         let starting: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p-new", "namespace": "default"},
             "status": {"phase": "Pending",
-                       "conditions": [{"type": "PodScheduled", "status": "True"}]},
+                       "conditions": [{"type": "PodScheduled", "status": "True",
+                                       "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]},
         }))
         .unwrap();
         let mut work = Work {

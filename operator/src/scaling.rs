@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -226,22 +227,30 @@ pub struct Drain {
     woken: bool,
 }
 
-/// Whether `pod` may have taken work that no figure shows yet: scheduled, neither going nor
-/// stuck, and not running in the watched pods. Its sidecar polls as soon as it starts, and the
-/// kubelet reports the pod Running a moment later; a scale-in decided in between would count
-/// none of its work, and could remove it. A pod that cannot start (unschedulable, its image
-/// not pulled, a crash loop) takes no work and is not waited for.
-pub fn starting(pod: &Pod) -> bool {
+/// How long after it was scheduled a pod still Pending is waited for as starting. A pod that
+/// takes longer (a slow image pull, a volume that does not mount) holds no scale-in back.
+pub const STARTING_LIMIT: SignedDuration = SignedDuration::from_secs(60);
+
+/// Whether `pod` may have taken work that no figure shows yet: scheduled less than
+/// [`STARTING_LIMIT`] before `now`, neither going nor stuck, and not running in the watched
+/// pods. Its sidecar polls as soon as it starts, and the kubelet reports the pod Running a
+/// moment later; a scale-in decided in between would count none of its work, and could remove
+/// it. A pod that cannot start (unschedulable, its image not pulled, a crash loop) takes no
+/// work and is not waited for.
+pub fn starting(pod: &Pod, now: Timestamp) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
+    let recently_scheduled = status.conditions.iter().flatten().any(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "True"
+            && c.last_transition_time
+                .as_ref()
+                .is_some_and(|t| now.duration_since(t.0) < STARTING_LIMIT)
+    });
     pod.metadata.deletion_timestamp.is_none()
         && status.phase.as_deref() == Some("Pending")
-        && status
-            .conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "PodScheduled" && c.status == "True")
+        && recently_scheduled
         && crate::pods::pod_problem(pod).is_none()
 }
 
@@ -539,13 +548,18 @@ mod tests {
     }
 
     #[test]
-    fn a_scheduled_pod_not_running_yet_is_starting_unless_it_is_stuck_or_going() {
-        let pod = |phase: &str, scheduled: &str, waiting: Option<&str>, going: bool| -> Pod {
+    fn a_scheduled_pod_not_running_yet_is_starting_unless_it_is_stuck_going_or_late() {
+        let now = Timestamp::now();
+        let scheduled = |ago: i64| (now - SignedDuration::from_secs(ago)).to_string();
+        let pod = |phase: &str, scheduled: (&str, &str), waiting: Option<&str>, going: bool| {
             let mut pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": "t-perago-abc"},
                 "status": {
                     "phase": phase,
-                    "conditions": [{"type": "PodScheduled", "status": scheduled}],
+                    "conditions": [{
+                        "type": "PodScheduled", "status": scheduled.0,
+                        "lastTransitionTime": scheduled.1,
+                    }],
                     "containerStatuses": waiting.map(|reason| json!([{
                         "name": "body", "image": "", "imageID": "", "ready": false,
                         "restartCount": 0, "state": {"waiting": {"reason": reason}},
@@ -555,32 +569,47 @@ mod tests {
             .unwrap();
             if going {
                 pod.metadata.deletion_timestamp =
-                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        k8s_openapi::jiff::Timestamp::now(),
-                    ));
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
             }
             pod
         };
-        assert!(starting(&pod("Pending", "True", None, false)));
-        assert!(starting(&pod(
-            "Pending",
-            "True",
-            Some("ContainerCreating"),
-            false
-        )));
+        let just = scheduled(2);
+        assert!(starting(&pod("Pending", ("True", &just), None, false), now));
+        assert!(starting(
+            &pod("Pending", ("True", &just), Some("ContainerCreating"), false),
+            now
+        ));
         assert!(
-            !starting(&pod("Running", "True", None, false)),
+            !starting(&pod("Running", ("True", &just), None, false), now),
             "running: asked"
         );
         assert!(
-            !starting(&pod("Pending", "False", None, false)),
+            !starting(&pod("Pending", ("False", &just), None, false), now),
             "not scheduled"
         );
         assert!(
-            !starting(&pod("Pending", "True", Some("ImagePullBackOff"), false)),
+            !starting(
+                &pod("Pending", ("True", &just), Some("ImagePullBackOff"), false),
+                now
+            ),
             "stuck"
         );
-        assert!(!starting(&pod("Pending", "True", None, true)), "going");
+        assert!(
+            !starting(&pod("Pending", ("True", &just), None, true), now),
+            "going"
+        );
+        assert!(
+            !starting(
+                &pod(
+                    "Pending",
+                    ("True", &scheduled(61)),
+                    Some("ContainerCreating"),
+                    false
+                ),
+                now
+            ),
+            "scheduled over a minute ago: no longer waited for"
+        );
     }
 
     fn pod(name: &str, busy: i64, answered: bool, ready: bool) -> BusyPod {
