@@ -885,15 +885,16 @@ async fn wait_operator_ready(pods: &Api<Pod>) {
             .unwrap();
         let live = list.items.iter().filter(|p| {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            p.metadata.deletion_timestamp.is_none()
-                && !matches!(phase, Some("Succeeded" | "Failed"))
+            !matches!(phase, Some("Succeeded" | "Failed"))
         });
-        if live.clone().all(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .is_some_and(|c| c.iter().all(|c| c.ready))
-        }) {
+        if live.clone().next().is_some()
+            && live.clone().all(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|c| c.iter().all(|c| c.ready))
+            })
+        {
             return;
         }
         // A killed container restarts after the kubelet's back-off, which doubles with each
