@@ -451,11 +451,9 @@ async fn scale(
         }
     };
     let mut next = decide(work, false);
+    let now = k8s_openapi::jiff::Timestamp::now();
     if next < replicas
-        && let Some(pod) = work
-            .pods
-            .iter()
-            .find(|p| scaling::starting(p, k8s_openapi::jiff::Timestamp::now()))
+        && let Some(pod) = work.pods.iter().find(|p| scaling::starting(p, now))
     {
         debug!(from = replicas, to = next, pod = %pod.name_any(), "the scale-in waits for a starting pod");
         return Ok((replicas, true));
