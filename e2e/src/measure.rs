@@ -155,16 +155,21 @@ impl ProcessTree {
 
     /// CPU seconds (user + system) of the live members and of the children they reaped.
     pub fn cpu_seconds(&self) -> f64 {
+        self.cpu_seconds_by_member().values().sum()
+    }
+
+    /// CPU seconds (user + system) of each live member, the children it reaped included.
+    pub fn cpu_seconds_by_member(&self) -> BTreeMap<u32, f64> {
         self.members()
             .into_iter()
-            .filter_map(stat_fields)
-            .map(|f| {
-                (11..=14)
-                    .filter_map(|i| f.get(i)?.parse::<f64>().ok())
-                    .sum::<f64>()
+            .filter_map(|pid| {
+                let fields = stat_fields(pid)?;
+                let ticks = (11..=14)
+                    .filter_map(|i| fields.get(i)?.parse::<f64>().ok())
+                    .sum::<f64>();
+                Some((pid, ticks / USER_HZ))
             })
-            .sum::<f64>()
-            / USER_HZ
+            .collect()
     }
 }
 

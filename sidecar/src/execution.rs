@@ -82,6 +82,12 @@ impl ExecutionDir {
         let _ = tokio::task::spawn_blocking(move || self.cleanup()).await;
     }
 
+    /// Remove the directory in place: for one without a workspace, whose few small files take
+    /// less to remove than the trip to the blocking pool and back.
+    pub fn remove_now(self) {
+        self.cleanup();
+    }
+
     /// Remove the directory if it carries the marker; errors are logged, never returned.
     pub fn cleanup(&self) {
         if !self.path.join(MARKER).exists() {
@@ -267,8 +273,13 @@ async fn write_params(path: &Path, text: Vec<u8>) -> std::io::Result<()> {
         .map_err(std::io::Error::other)?
 }
 
-/// The files a body leaves for the sidecar, read in one trip to the blocking pool (each
-/// trip is two thread wake-ups, which cost more than reading a small file).
+/// Body files up to this size each are read in place, on the async runtime, as params are
+/// written: reading them takes microseconds, less than the trip to the blocking pool.
+const FILES_READ_IN_PLACE: u64 = 1 << 20;
+
+/// The files a body leaves for the sidecar: read in place when they are small (the usual
+/// case), else in one trip to the blocking pool (each trip is two thread wake-ups, which cost
+/// more than reading a small file).
 struct BodyFiles {
     metrics: Result<Option<Vec<u8>>, AttemptError>,
     error: Result<Option<Vec<u8>>, AttemptError>,
@@ -276,17 +287,26 @@ struct BodyFiles {
 }
 
 impl BodyFiles {
+    fn read_now(paths: [PathBuf; 3]) -> Self {
+        let [metrics, error, result] = paths.map(|path| read_optional(&path));
+        Self {
+            metrics,
+            error,
+            result,
+        }
+    }
+
     async fn read(dir: &ExecutionDir) -> Self {
         let paths = [files::METRICS, files::ERROR, files::RESULT].map(|name| dir.file(name));
-        let read = tokio::task::spawn_blocking(move || {
-            let [metrics, error, result] = paths.map(|path| read_optional(&path));
-            Self {
-                metrics,
-                error,
-                result,
-            }
-        })
-        .await;
+        // A file that cannot be looked at is read in the pool, where its error is reported.
+        let small = paths.iter().all(|path| match std::fs::metadata(path) {
+            Ok(meta) => meta.len() <= FILES_READ_IN_PLACE,
+            Err(e) => e.kind() == ErrorKind::NotFound,
+        });
+        if small {
+            return Self::read_now(paths);
+        }
+        let read = tokio::task::spawn_blocking(move || Self::read_now(paths)).await;
         read.unwrap_or_else(|e| {
             let stopped = || {
                 Err(LocalError::Stopped {
