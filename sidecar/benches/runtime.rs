@@ -10,7 +10,9 @@
 //! run`, the repository's `python/` package): one process per slot for many attempts
 //! (persistent bodies), and, on fewer tasks, one process per attempt. A compiled persistent
 //! body (this executable, run with `--compiled-persistent-body`) shows what the sidecar and the
-//! runner cost when the body costs next to nothing.
+//! runner cost when the body costs next to nothing; it runs once more with the work volume on
+//! a tmpfs (`/dev/shm`, as `workVolume.emptyDir.medium: Memory`), which shows what the disk's
+//! inode work costs each attempt's files.
 //!
 //! Every stack is watched the same way, through Conductor's workflow reads, so that watching
 //! costs none of them CPU; the bare loop is measured in every run, since the server's speed
@@ -515,8 +517,20 @@ async fn body_run(
     n: usize,
     slots: u32,
     body: Body,
+    work: Work,
 ) -> PodRun {
     let dir = tempfile::tempdir().unwrap();
+    // The work volume on a tmpfs, as `workVolume.emptyDir.medium: Memory` gives a pod.
+    let in_memory = match work {
+        Work::Disk => None,
+        Work::Memory => Some(
+            tempfile::Builder::new()
+                .prefix("perago-work-")
+                .tempdir_in("/dev/shm")
+                .expect("a tmpfs at /dev/shm"),
+        ),
+    };
+    let work_dir = in_memory.as_ref().map(|d| d.path().join("work"));
     std::fs::write(dir.path().join("benchmod.py"), PYTHON_MODULE).unwrap();
     let python = perago_e2e::process::obtain("perago-python").unwrap();
     let package = concat!(env!("CARGO_MANIFEST_DIR"), "/../python");
@@ -529,6 +543,9 @@ async fn body_run(
         ("PYTHONPATH", path.to_str().unwrap()),
         ("PERAGO_BENCH_EXE", exe.to_str().unwrap()),
     ];
+    if let Some(work_dir) = &work_dir {
+        env.push(("PERAGO_WORK_DIR", work_dir.to_str().unwrap()));
+    }
     if body != Body::PythonPerAttempt {
         env.push(("PERAGO_BODY_MODE", "persistent"));
     }
@@ -596,6 +613,15 @@ struct CpuSplit {
     sidecar: f64,
     runner: f64,
     bodies: f64,
+}
+
+/// Where a pod's work volume (its execution directories) lives.
+#[derive(Clone, Copy)]
+enum Work {
+    /// The machine's disk, as an emptyDir's default medium.
+    Disk,
+    /// A tmpfs, as `medium: Memory`.
+    Memory,
 }
 
 /// The argument that makes this benchmark's executable the compiled persistent body.
@@ -716,7 +742,7 @@ async fn bench() {
     // CPU): fewer tasks.
     let cold_n = (n / 8).max(4);
     let (mut warm1s, mut warm4s, mut colds) = (vec![], vec![], vec![]);
-    let (mut compiled1s, mut compiled4s) = (vec![], vec![]);
+    let (mut compiled1s, mut compiled4s, mut compiled4_memory) = (vec![], vec![], vec![]);
     // The bare loop runs in every run, just before the persistent bodies it is the ceiling
     // for: the server's speed drifts over a benchmark as its database grows.
     for run in 1..=runs {
@@ -729,17 +755,22 @@ async fn bench() {
         eprintln!("run {run}/{runs}: bare loop, 1 worker");
         bare1s.push(bare_loop(&api, n, 1).await);
         eprintln!("run {run}/{runs}: sidecar, a persistent Python body, 1 slot");
-        warm1s.push(body_run(&api, &bins, n, 1, Body::PythonPersistent).await);
+        warm1s.push(body_run(&api, &bins, n, 1, Body::PythonPersistent, Work::Disk).await);
         eprintln!("run {run}/{runs}: sidecar, a persistent compiled body, 1 slot");
-        compiled1s.push(body_run(&api, &bins, n, 1, Body::CompiledPersistent).await);
+        compiled1s.push(body_run(&api, &bins, n, 1, Body::CompiledPersistent, Work::Disk).await);
         eprintln!("run {run}/{runs}: bare loop, 4 workers");
         bare4s.push(bare_loop(&api, n, 4).await);
         eprintln!("run {run}/{runs}: sidecar, a persistent Python body, 4 slots");
-        warm4s.push(body_run(&api, &bins, n, 4, Body::PythonPersistent).await);
+        warm4s.push(body_run(&api, &bins, n, 4, Body::PythonPersistent, Work::Disk).await);
         eprintln!("run {run}/{runs}: sidecar, a persistent compiled body, 4 slots");
-        compiled4s.push(body_run(&api, &bins, n, 4, Body::CompiledPersistent).await);
+        compiled4s.push(body_run(&api, &bins, n, 4, Body::CompiledPersistent, Work::Disk).await);
+        eprintln!(
+            "run {run}/{runs}: sidecar, a persistent compiled body, 4 slots, work volume in memory"
+        );
+        compiled4_memory
+            .push(body_run(&api, &bins, n, 4, Body::CompiledPersistent, Work::Memory).await);
         eprintln!("run {run}/{runs}: sidecar, a Python body per attempt, 4 slots ({cold_n} tasks)");
-        colds.push(body_run(&api, &bins, cold_n, 4, Body::PythonPerAttempt).await);
+        colds.push(body_run(&api, &bins, cold_n, 4, Body::PythonPerAttempt, Work::Disk).await);
         eprintln!("run {run}/{runs}: Python Perago, -j 1");
         py1s.push(python_run(&api, n, 1).await);
         eprintln!("run {run}/{runs}: Python Perago, -j 4");
@@ -927,6 +958,29 @@ async fn bench() {
             100.0 * best_cpu,
             100.0 * worst_cpu,
             verdict(worst_cpu * 3.0 <= 1.0),
+        );
+    }
+    // The per-attempt files on a tmpfs: what the disk's inode work costs each attempt.
+    for (run, ((memory, disk), theirs)) in compiled4_memory
+        .iter()
+        .zip(&compiled4s)
+        .zip(&theirs4)
+        .enumerate()
+    {
+        let (ours, cpu) = (&memory.figures, &memory.cpu_ms_per_task);
+        println!(
+            "run {} persistent compiled, 4 slots, work volume in memory: {:>6.1} tasks/s, p50 {:>5.1} ms, CPU {:>5.2} ms/task (sidecar {:.2}, runner {:.2}, bodies {:.2}), CPU {:.0}% of Python's | on disk: {:.1} tasks/s, p50 {:.1} ms, CPU {:.2} ms/task",
+            run + 1,
+            ours.server_rate(),
+            ours.percentile(0.5),
+            ours.cpu_ms_per_task(),
+            cpu.sidecar,
+            cpu.runner,
+            cpu.bodies,
+            100.0 * ours.cpu_ms_per_task() / theirs.cpu_ms_per_task(),
+            disk.figures.server_rate(),
+            disk.figures.percentile(0.5),
+            disk.figures.cpu_ms_per_task(),
         );
     }
     let ours_idle = idle_sidecar + idle_runner;
