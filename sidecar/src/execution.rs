@@ -77,15 +77,33 @@ impl ExecutionDir {
         self.path.join(name)
     }
 
-    /// Remove the directory off the async runtime (a workspace may hold many files).
+    /// Remove the directory: in place when it holds only a few small files (a workspace-free
+    /// attempt's marker, params and the body's files), which takes less than the trip to the
+    /// blocking pool and back; else off the async runtime (a workspace, or whatever a body
+    /// left, may hold many files or large ones).
     pub async fn remove(self) {
+        if self.holds_only_small_files() {
+            self.cleanup();
+            return;
+        }
         let _ = tokio::task::spawn_blocking(move || self.cleanup()).await;
     }
 
-    /// Remove the directory in place: for one without a workspace, whose few small files take
-    /// less to remove than the trip to the blocking pool and back.
-    pub fn remove_now(self) {
-        self.cleanup();
+    fn holds_only_small_files(&self) -> bool {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return false;
+        };
+        let mut count = 0;
+        for entry in entries {
+            count += 1;
+            let small = entry
+                .and_then(|e| e.metadata())
+                .is_ok_and(|m| m.is_file() && m.len() <= SMALL_FILE);
+            if !small || count > SMALL_DIRECTORY_ENTRIES {
+                return false;
+            }
+        }
+        true
     }
 
     /// Remove the directory if it carries the marker; errors are logged, never returned.
@@ -273,9 +291,11 @@ async fn write_params(path: &Path, text: Vec<u8>) -> std::io::Result<()> {
         .map_err(std::io::Error::other)?
 }
 
-/// Body files up to this size each are read in place, on the async runtime, as params are
-/// written: reading them takes microseconds, less than the trip to the blocking pool.
-const FILES_READ_IN_PLACE: u64 = 1 << 20;
+/// Files up to this size are read, and removed, in place on the async runtime, as params
+/// are written: that takes microseconds, less than the trip to the blocking pool.
+const SMALL_FILE: u64 = 1 << 20;
+/// An execution directory of at most this many small files is removed in place.
+const SMALL_DIRECTORY_ENTRIES: usize = 8;
 
 /// The files a body leaves for the sidecar: read in place when they are small (the usual
 /// case), else in one trip to the blocking pool (each trip is two thread wake-ups, which cost
@@ -298,9 +318,11 @@ impl BodyFiles {
 
     async fn read(dir: &ExecutionDir) -> Self {
         let paths = [files::METRICS, files::ERROR, files::RESULT].map(|name| dir.file(name));
-        // A file that cannot be looked at is read in the pool, where its error is reported.
+        // Only regular files are read in place: a FIFO or a device the body left in their
+        // place would block the thread. What cannot be looked at is read in the pool, where
+        // its error is reported.
         let small = paths.iter().all(|path| match std::fs::metadata(path) {
-            Ok(meta) => meta.len() <= FILES_READ_IN_PLACE,
+            Ok(meta) => meta.is_file() && meta.len() <= SMALL_FILE,
             Err(e) => e.kind() == ErrorKind::NotFound,
         });
         if small {
@@ -461,16 +483,82 @@ mod tests {
         );
     }
 
-    #[test]
-    fn directory_lifecycle_and_sweep() {
-        let work = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(work.path().join(EXECUTIONS)).unwrap();
-        let snap = AttemptSnapshot::from_task(&json!({
+    fn snapshot() -> AttemptSnapshot {
+        AttemptSnapshot::from_task(&json!({
             "workflowInstanceId": "wf", "taskId": "9b4c", "retryCount": 0, "taskDefName": "t",
             "referenceTaskName": "r", "seq": 1, "status": "IN_PROGRESS", "inputData": {}
         }))
-        .unwrap();
-        let dir = ExecutionDir::create(work.path(), &snap, "exec-1", "w").unwrap();
+        .unwrap()
+    }
+
+    fn execution_dir(work: &Path, id: &str) -> ExecutionDir {
+        std::fs::create_dir_all(work.join(EXECUTIONS)).unwrap();
+        ExecutionDir::create(work, &snapshot(), id, "w").unwrap()
+    }
+
+    #[test]
+    fn only_a_few_small_plain_files_are_removed_in_place() {
+        let work = tempfile::tempdir().unwrap();
+        let dir = execution_dir(work.path(), "small");
+        std::fs::write(dir.file(files::PARAMS), "{}").unwrap();
+        std::fs::write(dir.file(files::RESULT), "{}").unwrap();
+        assert!(dir.holds_only_small_files());
+
+        let many = execution_dir(work.path(), "many");
+        for i in 0..SMALL_DIRECTORY_ENTRIES {
+            std::fs::write(many.file(&format!("f{i}")), "x").unwrap();
+        }
+        assert!(!many.holds_only_small_files(), "more than 8 entries");
+
+        let workspace = execution_dir(work.path(), "workspace");
+        std::fs::create_dir(workspace.file("workspace")).unwrap();
+        assert!(!workspace.holds_only_small_files(), "a subdirectory");
+
+        let large = execution_dir(work.path(), "large");
+        let file = std::fs::File::create(large.file("big")).unwrap();
+        file.set_len(SMALL_FILE + 1).unwrap();
+        assert!(!large.holds_only_small_files(), "a file over 1 MiB");
+
+        let fifo = execution_dir(work.path(), "fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(fifo.file(files::RESULT))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(!fifo.holds_only_small_files(), "a FIFO");
+    }
+
+    #[tokio::test]
+    async fn what_a_body_leaves_in_place_of_a_file_is_reported_not_waited_on() {
+        let work = tempfile::tempdir().unwrap();
+        let dir = execution_dir(work.path(), "odd");
+        std::fs::write(dir.file(files::ERROR), br#"{"reason":"r"}"#).unwrap();
+        std::os::unix::fs::symlink(dir.file(files::ERROR), dir.file(files::METRICS)).unwrap();
+        std::fs::create_dir(dir.file(files::RESULT)).unwrap();
+        let left = BodyFiles::read(&dir).await;
+        assert_eq!(left.error.unwrap().unwrap(), br#"{"reason":"r"}"#);
+        assert_eq!(
+            left.metrics.unwrap().unwrap(),
+            br#"{"reason":"r"}"#,
+            "a symlink is followed"
+        );
+        let result = left.result.unwrap_err().to_string();
+        assert!(result.contains(files::RESULT), "{result}");
+        dir.remove().await;
+        assert!(
+            !work
+                .path()
+                .join(EXECUTIONS)
+                .join("task_id=9b4c-exec=odd")
+                .exists()
+        );
+    }
+
+    #[test]
+    fn directory_lifecycle_and_sweep() {
+        let work = tempfile::tempdir().unwrap();
+        let snap = snapshot();
+        let dir = execution_dir(work.path(), "exec-1");
         assert!(dir.path.ends_with("executions/task_id=9b4c-exec=exec-1"));
         let marker: Value =
             serde_json::from_slice(&std::fs::read(dir.file(MARKER)).unwrap()).unwrap();

@@ -110,10 +110,7 @@ impl Attempt<'_> {
         if let (Some((ws, runtime)), Some(branch)) = (&target, &staging) {
             remove_staging_branch(runtime, &ws.repository, branch).await;
         }
-        match &target {
-            Some(_) => dir.remove().await,
-            None => dir.remove_now(),
-        }
+        dir.remove().await;
         if let Some((ws, runtime)) = &target {
             if let Some(sweep) = &runtime.staging_sweep {
                 sweep.note(&ws.repository);
