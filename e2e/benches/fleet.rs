@@ -323,6 +323,9 @@ struct Counters {
     cost_writes: f64,
     /// The operator's reconciles' seconds in all, and their count.
     reconcile_seconds: (f64, f64),
+    /// `cause/le`: the operator's reconciles of a change that started within `le` seconds of
+    /// it being seen (`perago_operator_reconcile_wait_seconds`).
+    waits: BTreeMap<String, f64>,
     conductor: BTreeMap<String, f64>,
     /// `verb/resource/subresource` on the resources of the reconcile.
     apiserver: BTreeMap<String, f64>,
@@ -378,6 +381,11 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
                 "perago_operator_reconcile_duration_seconds_count",
             ),
         ),
+        waits: counter_by(
+            &operator,
+            "perago_operator_reconcile_wait_seconds_bucket",
+            &["cause", "le"],
+        ),
         conductor: counter_by(
             &operator,
             "perago_operator_conductor_calls_total",
@@ -427,11 +435,12 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
     let cost_writes = after.cost_writes - before.cost_writes;
     let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
-        "  {title}: operator CPU {:.1} s; reconciles {} ({:.0} ms each on average); per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
+        "  {title}: operator CPU {:.1} s; reconciles {} ({:.0} ms each on average), of a change: {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
          deletion-cost writes {cost_writes:.0}\n    /slots probes by purpose: {}{}\n    apiserver: {}\n    Conductor: {}",
         after.cpu - before.cpu,
         listed(&delta(&before.reconciles, &after.reconciles)),
         mean_reconcile_ms(before, after),
+        waited(&delta(&before.waits, &after.waits)),
         per_task(writes),
         per_task(conductor_calls),
         per_task(probes),
@@ -459,6 +468,43 @@ fn mean_reconcile_ms(before: &Counters, after: &Counters) -> f64 {
         seconds / count * 1000.0
     } else {
         0.0
+    }
+}
+
+/// Per cause, how many reconciles of a change started and the bucket bounds their p50 and
+/// p99 waits fall within, from the cumulative buckets `cause/le` of a wave.
+fn waited(buckets: &BTreeMap<String, f64>) -> String {
+    let mut by_cause: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for (key, n) in buckets {
+        let Some((cause, le)) = key.split_once('/') else {
+            continue;
+        };
+        // `+Inf` parses as infinity too.
+        let le: f64 = le.parse().unwrap_or(f64::INFINITY);
+        by_cause.entry(cause).or_default().push((le, *n));
+    }
+    let described: Vec<String> = by_cause
+        .into_iter()
+        .map(|(cause, mut cumulative)| {
+            cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let total = cumulative.last().map_or(0.0, |b| b.1);
+            let within = |q: f64| {
+                cumulative
+                    .iter()
+                    .find(|(_, n)| *n >= q * total)
+                    .map_or(f64::INFINITY, |b| b.0)
+            };
+            format!(
+                "{cause} {total:.0} waited p50 ≤ {} s, p99 ≤ {} s",
+                within(0.5),
+                within(0.99)
+            )
+        })
+        .collect();
+    if described.is_empty() {
+        "none".into()
+    } else {
+        described.join(", ")
     }
 }
 
@@ -688,6 +734,7 @@ async fn main() {
         Box::new(move |_, deployment| rolled_out(deployment, replicas)),
     ]);
     let sample: Vec<&String> = autoscaled.iter().step_by(16).collect();
+    let before = counters(&client, &fleet, &metrics).await;
     let (mut scaled, mut reacted) = (Vec::new(), Vec::new());
     for name in &sample {
         for i in 0..plan.replicas {
@@ -729,6 +776,8 @@ async fn main() {
         spread(scaled),
         spread(reacted),
     );
+    let after = counters(&client, &fleet, &metrics).await;
+    print_wave("one queue at a time", &before, &after, plan.tasks);
 
     // 5. An image bump of a tenth of the fixed tasks.
     let image = format!("{BUSYBOX_BODY_IMAGE}-bumped");

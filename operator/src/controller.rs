@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -30,7 +30,8 @@ use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::render::{self, TASK_LABEL};
 use crate::scope::{Scope, Stores, Wake};
-use crate::{scaling, siblings, slots, status};
+use crate::telemetry::WaitCause;
+use crate::{scaling, siblings, slots, status, triggers};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
@@ -427,14 +428,13 @@ async fn scale(
     task: &PeragoTask,
     work: &mut Work,
 ) -> Result<(i32, bool), Error> {
-    let replicas = task.spec.executor.replicas;
     let Some(auto) = &task.spec.executor.autoscaling else {
-        return Ok((replicas, false));
+        return Ok((task.spec.executor.replicas, false));
     };
-    if let Some(written) = scaling::scale_written(ctx, task) {
-        // This process's last decision, not yet in the watched task: it stands.
-        return Ok((written, false));
-    }
+    // This process's last decision, when the watched task does not show it yet, is what the
+    // task has: a scale-up builds on it at once; anything else waits for the watch.
+    let written = scaling::scale_written(ctx, task);
+    let replicas = written.unwrap_or(task.spec.executor.replicas);
     let window =
         Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
     let decide = |work: &Work, again: bool| {
@@ -451,6 +451,9 @@ async fn scale(
         }
     };
     let mut next = decide(work, false);
+    if written.is_some() && next <= replicas {
+        return Ok((replicas, false));
+    }
     let now = k8s_openapi::jiff::Timestamp::now();
     if next < replicas
         && let Some(pod) = work.pods.iter().find(|p| scaling::starting(p, now))
@@ -581,6 +584,13 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
 
 async fn reconcile(task: Arc<PeragoTask>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    if let Some((cause, waited)) = ctx
+        .metrics
+        .waits
+        .reconcile_started(&ObjectRef::from_obj(&*task))
+    {
+        debug!(task = %task.name_any(), ?cause, waited_ms = waited.as_millis(), "reconcile of a change starts");
+    }
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let api: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), &ns);
     let name = task.name_any();
@@ -623,11 +633,14 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(10))
 }
 
-/// How long a task's triggers must be quiet before it is reconciled. A reconcile's own writes
-/// (the status, a new Deployment or ConfigMap) and a rollout's bursts of Deployment status
-/// changes each trigger the task again; waiting this long makes one reconcile of each burst
-/// (`--bench fleet`, docs/scale.md).
-const DEBOUNCE: Duration = Duration::from_millis(500);
+/// A spec the status has not observed yet, or a deletion the finalizer still holds: what a
+/// user waits for the operator to act on.
+fn spec_unobserved(task: &PeragoTask) -> bool {
+    if task.metadata.deletion_timestamp.is_some() {
+        return !task.finalizers().is_empty();
+    }
+    task.status.as_ref().and_then(|s| s.observed_generation) != task.metadata.generation
+}
 
 /// Run the controllers until SIGTERM/SIGINT: one for all namespaces, or one per watched
 /// namespace (`scope`), all on one context; `writers` fill `ctx.owned`.
@@ -640,21 +653,28 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .apis::<PeragoTask>(&ctx.client)
         .into_iter()
         .zip(triggers)
-        .map(|(tasks, triggers)| {
+        .map(|(tasks, children)| {
             // kube's reflector, fed by a watch whose tasks lose their `managedFields`: never
             // read, and at a thousand tasks memory held for nothing (docs/scale.md).
             let (store, writer) = reflector::store();
+            let metrics = ctx.metrics.clone();
             let tasks = watcher(tasks, watcher::Config::default())
                 .backoff(owned::WatchBackoff::default())
                 .modify(|task: &mut PeragoTask| task.managed_fields_mut().clear())
                 .reflect(writer)
-                .applied_objects();
+                .applied_objects()
+                .predicate_filter(triggers::task_changes(), Default::default())
+                .inspect_ok(move |task| {
+                    if spec_unobserved(task) {
+                        let task = ObjectRef::from_obj(task);
+                        metrics.waits.seen(task, WaitCause::Spec);
+                    }
+                });
+            // No debounce: a change to the task starts its reconcile at once, and the
+            // children's bursts are gathered before they get here (crate::triggers).
             Controller::for_stream(tasks, store)
-                .with_config(controller::Config::default().debounce(DEBOUNCE))
                 .trigger_backoff(owned::WatchBackoff::default())
-                .owns_stream(triggers.deployments)
-                .owns_stream(triggers.config_maps)
-                .owns_stream(triggers.network_policies)
+                .reconcile_on(triggers::children(children))
         })
         .collect();
     let ctx = Arc::new(Context {
@@ -665,7 +685,7 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         .iter()
         .map(|_| tokio::sync::mpsc::channel(1024))
         .unzip();
-    let wake = Wake::new(scope.clone(), senders);
+    let wake = Wake::new(scope.clone(), senders, ctx.metrics.clone());
     let _queue_watch = AbortOnDrop(tokio::spawn(scaling::watch_queues(
         ctx.clone(),
         wake.clone(),
@@ -889,6 +909,57 @@ mod tests {
             total(),
             [1, 1, 0],
             "each pod removed asked once, the one kept not at all"
+        );
+    }
+
+    /// The queue grew while the watch did not show the operator's last `/scale` write yet: the
+    /// scale-up builds on that write at once (one `/scale` patch to 5), and a decision at or
+    /// below it makes no request.
+    #[tokio::test]
+    async fn a_scale_up_builds_on_a_write_the_watch_does_not_show_yet() {
+        let (ctx, mut api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 2}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 0, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        scaling::wrote_scale(&ctx, &task, 1);
+        let work = |queued| Work {
+            pods: Vec::new(),
+            busy: Vec::new(),
+            running: 0,
+            queued,
+            observed: std::time::Instant::now(),
+        };
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+        let decided = scale(&ctx, &tasks, &task, &mut work(1)).await.unwrap();
+        assert_eq!(decided, (1, false), "the write stands, nothing is sent");
+
+        let task_json = serde_json::to_value(&*task).unwrap();
+        let server = tokio::spawn(async move {
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
+                .await;
+            assert_eq!(patch["spec"]["replicas"], 5);
+            answer.send(200, &json!({"spec": {"replicas": 5}}));
+            let (_, answer) = api_server
+                .expect(Method::POST, "/namespaces/default/events")
+                .await;
+            answer.send(201, &json!({}));
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
+                .await;
+            assert_eq!(patch["status"]["lastScale"]["from"], 1);
+            assert_eq!(patch["status"]["lastScale"]["to"], 5);
+            answer.send(200, &task_json);
+            api_server.expect_no_more().await;
+        });
+        let decided = scale(&ctx, &tasks, &task, &mut work(5)).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(decided, (5, false));
+        assert_eq!(
+            scaling::scale_written(&ctx, &task),
+            Some(5),
+            "the second write stands until the watch shows both"
         );
     }
 

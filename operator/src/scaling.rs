@@ -75,18 +75,20 @@ const OWN_WRITE_TRUSTED: Duration = Duration::from_secs(30);
 /// A `/scale` write of this process that the watch of tasks may not show yet.
 #[derive(Clone, Copy, Debug)]
 pub struct ScaleWritten {
-    /// The task's generation the decision was made on; the write makes a higher one.
-    generation: i64,
+    /// The task's generation once the watch shows this write: one more than the generation
+    /// the decision was made on, or than the write before it that the watch did not show yet.
+    shown_at: i64,
     replicas: i32,
     at: Instant,
 }
 
 /// The replicas this process last wrote for `task` while the watched task does not show the
-/// write yet (for at most [`OWN_WRITE_TRUSTED`]): the task is still at the generation the
-/// write was decided on. Under load the watch shows the operator's own writes seconds late;
-/// deciding again from the older replicas would scale in again (more `/slots` requests and
-/// deletion costs, another `/scale` write), as the fleet benchmark showed on a loaded
-/// machine. Once the watch shows a newer generation, the task's own replicas hold.
+/// write yet (for at most [`OWN_WRITE_TRUSTED`]): the task is still below the generation the
+/// write makes. Under load the watch shows the operator's own writes seconds late; deciding
+/// again from the older replicas would scale in again (more `/slots` requests and deletion
+/// costs, another `/scale` write), as the fleet benchmark showed on a loaded machine, or hold
+/// a scale-up back until the watch caught up (up to 20 s in a wave). Once the watch shows the
+/// write, the task's own replicas hold.
 pub fn scale_written(ctx: &Context, task: &PeragoTask) -> Option<i32> {
     let mut written = ctx
         .scales_written
@@ -94,29 +96,36 @@ pub fn scale_written(ctx: &Context, task: &PeragoTask) -> Option<i32> {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let key = task_key(task);
     let w = *written.get(&key)?;
-    if task.metadata.generation == Some(w.generation) && w.at.elapsed() <= OWN_WRITE_TRUSTED {
+    if task.metadata.generation.is_some_and(|g| g < w.shown_at)
+        && w.at.elapsed() <= OWN_WRITE_TRUSTED
+    {
         return Some(w.replicas);
     }
     written.remove(&key);
     None
 }
 
-/// `task`, at the generation it was read at, was scaled to `replicas` by this process.
+/// `task`, as the watch showed it, was scaled to `replicas` by this process: on top of its
+/// own last write when the watch does not show that one yet.
 pub fn wrote_scale(ctx: &Context, task: &PeragoTask, replicas: i32) {
     let Some(generation) = task.metadata.generation else {
         return;
-    };
-    let written = ScaleWritten {
-        generation,
-        replicas,
-        at: Instant::now(),
     };
     let mut all = ctx
         .scales_written
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     all.retain(|_, w| w.at.elapsed() <= OWN_WRITE_TRUSTED);
-    all.insert(task_key(task), written);
+    let key = task_key(task);
+    let base = (all.get(&key))
+        .filter(|w| generation < w.shown_at)
+        .map_or(generation, |w| w.shown_at);
+    let written = ScaleWritten {
+        shown_at: base + 1,
+        replicas,
+        at: Instant::now(),
+    };
+    all.insert(key, written);
 }
 
 /// `pod`'s deletion cost: the one this process last wrote while the cache does not show it
@@ -403,8 +412,9 @@ pub async fn queued(
     }
 }
 
-/// Would the work now queued (plus what the task last ran) need more pods than it has?
-fn needs_more_pods(task: &PeragoTask, queued: i64) -> bool {
+/// Would the work now queued (plus what the task last ran) need more pods than it has, or
+/// than this process last gave it when the watch does not show that yet?
+fn needs_more_pods(task: &PeragoTask, replicas: i32, queued: i64) -> bool {
     let Some(auto) = &task.spec.executor.autoscaling else {
         return false;
     };
@@ -413,7 +423,7 @@ fn needs_more_pods(task: &PeragoTask, queued: i64) -> bool {
         .as_ref()
         .and_then(|s| s.running_attempts)
         .unwrap_or(0);
-    recommended(queued + running, auto) > task.spec.executor.replicas
+    recommended(queued + running, auto) > replicas
 }
 
 /// Every `period`, one `GET /tasks/queue/all` per Conductor: keep the figures for the
@@ -460,17 +470,22 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
             if failing.remove(&base) {
                 info!(conductor = %base, "reading the queue sizes works again");
             }
+            let mut woken = Vec::new();
             for task in &tasks {
                 let queue = queue_name(&task.spec.task_name, task.spec.domain());
                 let queued = sizes.get(&queue).copied().unwrap_or(0);
                 ctx.metrics.task_queued(task).set(queued);
                 let drain = drains.entry(task_key(task)).or_default();
-                if needs_more_pods(task, queued) || drained(task, queued, drain, now) {
-                    // A full channel: a wake-up is already pending, and one is enough.
-                    wake.wake(ObjectRef::from_obj(&**task));
+                let replicas = scale_written(&ctx, task).unwrap_or(task.spec.executor.replicas);
+                if needs_more_pods(task, replicas, queued) || drained(task, queued, drain, now) {
+                    woken.push(ObjectRef::from_obj(&**task));
                 }
             }
+            // The reconciles woken start at once and read these sizes: recorded first.
             ctx.queues.record(&base, sizes);
+            for task in woken {
+                wake.wake(task);
+            }
         }
     }
 }
@@ -502,6 +517,17 @@ mod tests {
             None,
             "forgotten once caught up"
         );
+
+        // A scale-up on top of a write the watch does not show yet (generation 3 → 4 → 5).
+        wrote_scale(&ctx, &at(3), 1);
+        wrote_scale(&ctx, &at(3), 5);
+        assert_eq!(scale_written(&ctx, &at(3)), Some(5), "neither write shown");
+        assert_eq!(
+            scale_written(&ctx, &at(4)),
+            Some(5),
+            "the watch shows the first write only"
+        );
+        assert_eq!(scale_written(&ctx, &at(5)), None, "both shown");
     }
 
     fn spec() -> AutoscalingSpec {
@@ -746,20 +772,17 @@ mod tests {
     fn the_watch_wakes_a_task_only_when_it_needs_more_pods() {
         let yaml = "apiVersion: perago.io/v1alpha1\nkind: PeragoTask\nmetadata: {name: t}\nspec:\n  taskName: t\n  ownerEmail: a@b.c\n  paramsSchema: {type: object}\n  resultSchema: {type: object}\n  executor: {body: {image: b, command: [run]}}\n";
         let mut task = perago_api::manifest::parse(yaml).unwrap().remove(0).task;
-        assert!(!needs_more_pods(&task, 10), "not autoscaled");
+        assert!(!needs_more_pods(&task, 0, 10), "not autoscaled");
         task.spec.executor.autoscaling = Some(spec());
-        task.spec.executor.replicas = 0;
-        assert!(!needs_more_pods(&task, 0));
-        assert!(needs_more_pods(&task, 1), "from zero");
-        task.spec.executor.replicas = 2;
-        assert!(!needs_more_pods(&task, 8));
+        assert!(!needs_more_pods(&task, 0, 0));
+        assert!(needs_more_pods(&task, 0, 1), "from zero");
+        assert!(!needs_more_pods(&task, 2, 8));
         task.status = Some(perago_api::PeragoTaskStatus {
             running_attempts: Some(1),
             ..Default::default()
         });
-        assert!(needs_more_pods(&task, 8), "8 queued + 1 running need 3");
-        task.spec.executor.replicas = 5;
-        assert!(!needs_more_pods(&task, 400), "at the maximum");
+        assert!(needs_more_pods(&task, 2, 8), "8 queued + 1 running need 3");
+        assert!(!needs_more_pods(&task, 5, 400), "at the maximum");
     }
 
     #[test]

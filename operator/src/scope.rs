@@ -124,23 +124,33 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Stores<K> {
 pub struct Wake {
     scope: Scope,
     senders: Vec<mpsc::Sender<ObjectRef<perago_api::PeragoTask>>>,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
 }
 
 impl Wake {
     pub fn new(
         scope: Scope,
         senders: Vec<mpsc::Sender<ObjectRef<perago_api::PeragoTask>>>,
+        metrics: std::sync::Arc<crate::telemetry::Metrics>,
     ) -> Self {
-        Self { scope, senders }
+        Self {
+            scope,
+            senders,
+            metrics,
+        }
     }
 
-    /// Ask for a reconcile; when one is already pending (the channel is full), nothing.
+    /// Ask for a reconcile. Should the channel be full (1,024 wake-ups not taken yet), this
+    /// one is dropped, and the task's resync still comes.
     pub fn wake(&self, task: ObjectRef<perago_api::PeragoTask>) {
         let index = task
             .namespace
             .as_deref()
             .and_then(|ns| self.scope.watch_of(ns));
         if let Some(sender) = index.and_then(|i| self.senders.get(i)) {
+            self.metrics
+                .waits
+                .seen(task.clone(), crate::telemetry::WaitCause::Scaling);
             let _ = sender.try_send(task);
         }
     }

@@ -1,10 +1,13 @@
 //! The operator's metrics and its `/metrics`, `/healthz` and `/readyz` endpoints.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 use perago_api::PeragoTask;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -15,6 +18,8 @@ pub struct Metrics {
     registry: Registry,
     pub reconciles: IntCounterVec,
     pub reconcile_seconds: HistogramVec,
+    /// How long tasks wait for the reconcile a change of theirs needs.
+    pub waits: ReconcileWaits,
     pub conductor_calls: IntCounterVec,
     /// `/slots` requests to executor pods, by outcome (answered, unanswered) and purpose.
     pub slot_probes: IntCounterVec,
@@ -56,6 +61,19 @@ impl Metrics {
             )
             .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
             &[],
+        )?;
+        let waits = HistogramVec::new(
+            HistogramOpts::new(
+                "perago_operator_reconcile_wait_seconds",
+                "Seconds from the operator seeing a change that needs a task reconciled (cause: \
+                 spec, a new generation or a deletion from the watch; scaling, its queue or busy \
+                 pods) to the start of that reconcile: the time spent behind a reconcile of the \
+                 same task still running, or in the controller's queue.",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+            ]),
+            &["cause"],
         )?;
         let conductor_calls = IntCounterVec::new(
             Opts::new(
@@ -115,6 +133,7 @@ impl Metrics {
         }
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_seconds.clone()))?;
+        registry.register(Box::new(waits.clone()))?;
         registry.register(Box::new(conductor_calls.clone()))?;
         registry.register(Box::new(slot_probes.clone()))?;
         registry.register(Box::new(deletion_cost_writes.clone()))?;
@@ -125,6 +144,10 @@ impl Metrics {
             registry,
             reconciles,
             reconcile_seconds,
+            waits: ReconcileWaits {
+                seen: Default::default(),
+                seconds: waits,
+            },
             conductor_calls,
             slot_probes,
             deletion_cost_writes,
@@ -190,6 +213,59 @@ impl Metrics {
         let mut buffer = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
         String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// Why a task needs a reconcile, as `perago_operator_reconcile_wait_seconds` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitCause {
+    /// The watch showed a generation the task's status has not observed, or its deletion.
+    Spec,
+    /// The queue watch or the census woke it: more pods needed, or a scale-in due.
+    Scaling,
+}
+
+impl WaitCause {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Spec => "spec",
+            Self::Scaling => "scaling",
+        }
+    }
+}
+
+/// When each task's oldest change still waiting for a reconcile was seen. kube-runtime's
+/// controller does not say how long a trigger waited, so the operator measures it from both
+/// ends: where it sees the change, and where the reconcile starts.
+pub struct ReconcileWaits {
+    seen: std::sync::Mutex<HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>>,
+    seconds: HistogramVec,
+}
+
+impl ReconcileWaits {
+    /// `task` needs a reconcile for `cause`; the first such change since its last reconcile
+    /// started is the one its wait is counted from.
+    pub fn seen(&self, task: ObjectRef<PeragoTask>, cause: WaitCause) {
+        self.lock().entry(task).or_insert((cause, Instant::now()));
+    }
+
+    /// A reconcile of `task` starts: the wait of the change it handles ends (none when it was
+    /// only a resync or a trigger of its children).
+    pub fn reconcile_started(&self, task: &ObjectRef<PeragoTask>) -> Option<(WaitCause, Duration)> {
+        let (cause, since) = self.lock().remove(task)?;
+        let waited = since.elapsed();
+        self.seconds
+            .with_label_values(&[cause.label()])
+            .observe(waited.as_secs_f64());
+        Some((cause, waited))
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
