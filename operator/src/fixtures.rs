@@ -49,6 +49,11 @@ pub struct ApiServer(Handle<Request<Body>, Response<Body>>);
 /// A context whose Kubernetes API is an [`ApiServer`]; Conductor points at a closed port (the
 /// paths tested with it must not call Conductor).
 pub fn mocked_context() -> (Arc<Context>, ApiServer) {
+    mocked_context_with(None)
+}
+
+/// As [`mocked_context`], with the queue watch on, reading every `queue_period`.
+pub fn mocked_context_with(queue_period: Option<Duration>) -> (Arc<Context>, ApiServer) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let context = Context {
@@ -71,7 +76,7 @@ pub fn mocked_context() -> (Arc<Context>, ApiServer) {
         pods_http: reqwest::Client::new(),
         probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
         slots: Default::default(),
-        queues: QueueWatch::new(None),
+        queues: QueueWatch::new(queue_period),
         owned: crate::owned::Owned::empty(),
         tasks: crate::scope::Stores::new(vec![kube::runtime::reflector::store().0]),
     };

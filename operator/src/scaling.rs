@@ -470,24 +470,38 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
             if failing.remove(&base) {
                 info!(conductor = %base, "reading the queue sizes works again");
             }
-            let mut woken = Vec::new();
-            for task in &tasks {
-                let queue = queue_name(&task.spec.task_name, task.spec.domain());
-                let queued = sizes.get(&queue).copied().unwrap_or(0);
-                ctx.metrics.task_queued(task).set(queued);
-                let drain = drains.entry(task_key(task)).or_default();
-                let replicas = scale_written(&ctx, task).unwrap_or(task.spec.executor.replicas);
-                if needs_more_pods(task, replicas, queued) || drained(task, queued, drain, now) {
-                    woken.push(ObjectRef::from_obj(&**task));
-                }
-            }
-            // The reconciles woken start at once and read these sizes: recorded first.
-            ctx.queues.record(&base, sizes);
-            for task in woken {
+            for task in take_read(&ctx, &base, sizes, &tasks, &mut drains, now) {
                 wake.wake(task);
             }
         }
     }
+}
+
+/// One read of the queues of the Conductor at `base`, whose tasks are `tasks`: record the
+/// sizes and the queued-attempts metric, and return the tasks to wake. The caller wakes them
+/// only then: their reconciles start at once and read the recorded sizes, which must be
+/// these, not the previous read's.
+fn take_read(
+    ctx: &Context,
+    base: &str,
+    sizes: HashMap<String, i64>,
+    tasks: &[Arc<PeragoTask>],
+    drains: &mut HashMap<String, Drain>,
+    now: Instant,
+) -> Vec<ObjectRef<PeragoTask>> {
+    let mut woken = Vec::new();
+    for task in tasks {
+        let queue = queue_name(&task.spec.task_name, task.spec.domain());
+        let queued = sizes.get(&queue).copied().unwrap_or(0);
+        ctx.metrics.task_queued(task).set(queued);
+        let drain = drains.entry(task_key(task)).or_default();
+        let replicas = scale_written(ctx, task).unwrap_or(task.spec.executor.replicas);
+        if needs_more_pods(task, replicas, queued) || drained(task, queued, drain, now) {
+            woken.push(ObjectRef::from_obj(&**task));
+        }
+    }
+    ctx.queues.record(base, sizes);
+    woken
 }
 
 #[cfg(test)]
@@ -766,6 +780,36 @@ mod tests {
             reason(0, 0, &spec, 3),
             "0 queued + 0 running at 4 per pod: 0 pods, 3 kept by the 60 s scale-down window"
         );
+    }
+
+    /// A read of the queues records its sizes before it names the tasks to wake, whose
+    /// reconciles start at once and read them; and a task the operator already scaled, the
+    /// watch not showing it yet, is not woken again.
+    #[tokio::test]
+    async fn a_read_records_the_sizes_before_it_wakes_anyone() {
+        let base = "http://conductor:8080/api";
+        let (ctx, _api) = crate::fixtures::mocked_context_with(Some(Duration::from_secs(2)));
+        let task = Arc::new(crate::fixtures::task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 0, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let mut drains = HashMap::new();
+        let read = |queued: i64| HashMap::from([("op.t".to_owned(), queued)]);
+        let tasks = [task.clone()];
+
+        let woken = take_read(&ctx, base, read(3), &tasks, &mut drains, Instant::now());
+        assert_eq!(woken, [ObjectRef::from_obj(&*task)]);
+        assert_eq!(
+            ctx.queues.fresh(base, "op.t"),
+            Some(3),
+            "recorded before the wake-up"
+        );
+
+        wrote_scale(&ctx, &task, 3);
+        let woken = take_read(&ctx, base, read(3), &tasks, &mut drains, Instant::now());
+        assert!(woken.is_empty(), "scaled to 3 already");
+        let woken = take_read(&ctx, base, read(5), &tasks, &mut drains, Instant::now());
+        assert_eq!(woken.len(), 1, "5 queued need more than the 3 written");
     }
 
     #[test]
