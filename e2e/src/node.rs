@@ -831,14 +831,34 @@ nodePortAddresses: ["{BRIDGE_IP}/32"]
     }
 }
 
+/// Start the kubelet and wait until it is healthy. A kubelet that exits during start-up is
+/// started again after a pause, as systemd restarts a node's kubelet: it exits when
+/// containerd answers but its CRI service is not initialized yet, which after a whole-node
+/// restart (every container killed) can take a few seconds longer than containerd's API.
 async fn spawn_kubelet(
     command: &mut Command,
     log: PathBuf,
     healthz: &str,
 ) -> Result<ServerProcess> {
-    let mut kubelet = ServerProcess::spawn("kubelet", command, log)?;
-    wait_healthy(&mut kubelet, healthz, Duration::from_secs(60)).await?;
-    Ok(kubelet)
+    const STARTS: u32 = 5;
+    let mut start = 1;
+    loop {
+        let mut kubelet = ServerProcess::spawn("kubelet", command, log.clone())?;
+        match wait_healthy(&mut kubelet, healthz, Duration::from_secs(60)).await {
+            Ok(()) => return Ok(kubelet),
+            Err(e) if start < STARTS && kubelet.ensure_running().is_err() => {
+                let why = format!("{e:#}");
+                let why = why.lines().rev().find(|l| l.contains("command failed"));
+                eprintln!(
+                    "[e2e] the kubelet exited during start-up ({}); starting it again in 2 s",
+                    why.unwrap_or("see its log")
+                );
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                start += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 async fn wait_healthy(server: &mut ServerProcess, url: &str, limit: Duration) -> Result<()> {
