@@ -874,7 +874,7 @@ mod tests {
             api_server
         });
         let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
-        let mut api_server = server.await.unwrap();
+        let api_server = server.await.unwrap();
         assert_eq!(decided, (3, true), "the scale-in waits for its marks");
         assert_eq!(
             total(),
@@ -892,24 +892,7 @@ mod tests {
             "default/t".into(),
             std::time::Instant::now() - scaling::SCALE_IN_AFTER_COSTS,
         );
-        let task_json = serde_json::to_value(&*task).unwrap();
-        let server = tokio::spawn(async move {
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
-                .await;
-            assert_eq!(patch["spec"]["replicas"], 1);
-            answer.send(200, &json!({"spec": {"replicas": 1}}));
-            let (_, answer) = api_server
-                .expect(Method::POST, "/namespaces/default/events")
-                .await;
-            answer.send(201, &json!({}));
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
-                .await;
-            assert_eq!(patch["status"]["lastScale"]["to"], 1);
-            answer.send(200, &task_json);
-            api_server.expect_no_more().await;
-        });
+        let server = answer_a_scale(api_server, &task, 3, 1);
         let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
         server.await.unwrap();
         assert_eq!(decided, (1, false));
@@ -920,12 +903,41 @@ mod tests {
         );
     }
 
+    /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch,
+    /// its `Scaled` event and its `lastScale` status, and asserts there are no others.
+    fn answer_a_scale(
+        mut api_server: crate::fixtures::ApiServer,
+        task: &PeragoTask,
+        from: i32,
+        to: i32,
+    ) -> tokio::task::JoinHandle<()> {
+        let task_json = serde_json::to_value(task).unwrap();
+        tokio::spawn(async move {
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
+                .await;
+            assert_eq!(patch["spec"]["replicas"], to);
+            answer.send(200, &json!({"spec": {"replicas": to}}));
+            let (_, answer) = api_server
+                .expect(Method::POST, "/namespaces/default/events")
+                .await;
+            answer.send(201, &json!({}));
+            let (patch, answer) = api_server
+                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
+                .await;
+            assert_eq!(patch["status"]["lastScale"]["from"], from);
+            assert_eq!(patch["status"]["lastScale"]["to"], to);
+            answer.send(200, &task_json);
+            api_server.expect_no_more().await;
+        })
+    }
+
     /// The queue grew while the watch did not show the operator's last `/scale` write yet: the
     /// scale-up builds on that write at once (one `/scale` patch to 5), and a decision at or
     /// below it makes no request.
     #[tokio::test]
     async fn a_scale_up_builds_on_a_write_the_watch_does_not_show_yet() {
-        let (ctx, mut api_server) = mocked_context();
+        let (ctx, api_server) = mocked_context();
         let task = Arc::new(task(
             "{name: t, namespace: default, uid: u-1, generation: 2}",
             "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 0, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
@@ -942,25 +954,7 @@ mod tests {
         let decided = scale(&ctx, &tasks, &task, &mut work(1)).await.unwrap();
         assert_eq!(decided, (1, false), "the write stands, nothing is sent");
 
-        let task_json = serde_json::to_value(&*task).unwrap();
-        let server = tokio::spawn(async move {
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
-                .await;
-            assert_eq!(patch["spec"]["replicas"], 5);
-            answer.send(200, &json!({"spec": {"replicas": 5}}));
-            let (_, answer) = api_server
-                .expect(Method::POST, "/namespaces/default/events")
-                .await;
-            answer.send(201, &json!({}));
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
-                .await;
-            assert_eq!(patch["status"]["lastScale"]["from"], 1);
-            assert_eq!(patch["status"]["lastScale"]["to"], 5);
-            answer.send(200, &task_json);
-            api_server.expect_no_more().await;
-        });
+        let server = answer_a_scale(api_server, &task, 1, 5);
         let decided = scale(&ctx, &tasks, &task, &mut work(5)).await.unwrap();
         server.await.unwrap();
         assert_eq!(decided, (5, false));
