@@ -344,6 +344,7 @@ fn run(
                 costs_changed: Default::default(),
                 costs_written: Default::default(),
                 scales_written: Default::default(),
+                last_scales: Default::default(),
                 slots_port: crate::render::METRICS_PORT as u16,
                 pods_http: reqwest::Client::builder()
                     .timeout(std::time::Duration::from_secs(1))

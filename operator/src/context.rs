@@ -38,6 +38,10 @@ pub struct Context {
     /// task's generation before that write, and when ([`crate::scaling::scale_written`]).
     pub scales_written:
         std::sync::Mutex<std::collections::HashMap<String, crate::scaling::ScaleWritten>>,
+    /// The last scale decision of each autoscaled task, until the watched task's status shows
+    /// it ([`crate::scaling::last_scale`]).
+    pub last_scales:
+        std::sync::Mutex<std::collections::HashMap<String, perago_api::task::ScaleDecision>>,
     /// The port of the executor pods' `/slots` ([`crate::render::METRICS_PORT`]).
     pub slots_port: u16,
     /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.

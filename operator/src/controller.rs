@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -20,7 +20,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use perago_api::task::{DeletionPolicy, ScaleDecision};
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
@@ -31,14 +31,13 @@ use crate::owned;
 use crate::render::{self, TASK_LABEL};
 use crate::scope::{Scope, Stores, Wake};
 use crate::telemetry::WaitCause;
-use crate::{scaling, siblings, slots, status};
+use crate::{scaling, siblings, slots, status, triggers};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
 /// The longest a reconcile may take: its Conductor calls have their own 10 s timeouts and a
 /// healthy one takes well under a second.
 const RECONCILE_DEADLINE: Duration = Duration::from_secs(60);
-const SCALING_MANAGER: &str = "perago-operator-scaling";
 
 async fn publish_event(
     ctx: &Context,
@@ -47,26 +46,34 @@ async fn publish_event(
     reason: &str,
     note: String,
 ) {
+    let event = event(type_, reason, note);
+    send_event(ctx.recorder.clone(), task.object_ref(&()), event).await;
+}
+
+fn event(type_: EventType, reason: &str, note: String) -> Event {
     // kube-runtime folds events with the same type, reason and action into one series that
     // keeps the first note: a later `Scaled 0 → 2` would show as the earlier `1 → 0`. An
     // action per distinct note keeps each message and still folds true repeats.
     let note: String = note.chars().take(1000).collect();
     let mut hasher = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&note, &mut hasher);
-    let event = Event {
+    Event {
         type_,
         reason: reason.into(),
         action: format!("Reconcile-{:016x}", std::hash::Hasher::finish(&hasher)),
         note: Some(note),
         secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &task.object_ref(&())).await {
+    }
+}
+
+async fn send_event(recorder: Recorder, reference: ObjectReference, event: Event) {
+    if let Err(e) = recorder.publish(&event, &reference).await {
         warn!(error = %e, "publishing an event failed");
     }
 }
 
-/// The status, except `lastScale` (see [`record_scale`]); `perago_operator_task_ready` follows
-/// its Ready condition.
+/// The status, with the task's last scale decision ([`scaling::last_scale`]);
+/// `perago_operator_task_ready` follows its Ready condition.
 async fn patch_status(
     ctx: &Context,
     api: &Api<PeragoTask>,
@@ -79,7 +86,7 @@ async fn patch_status(
         .any(|c| c.type_ == "Ready" && c.status == "True");
     ctx.metrics.task_ready(task).set(i64::from(ready));
     let status = PeragoTaskStatus {
-        last_scale: None,
+        last_scale: scaling::last_scale(ctx, task),
         ..status
     };
     // Nothing new: no write. Besides the request saved, a reconcile sees the cached object,
@@ -87,39 +94,13 @@ async fn patch_status(
     // it anyway flipped the stored status back and forth (a condition's transition time), each
     // write waking the next reconcile. The watch event of the last write still comes, and the
     // reconcile it wakes writes if anything differs.
-    let unchanged = task.status.as_ref().is_some_and(|old| {
-        *old == PeragoTaskStatus {
-            last_scale: old.last_scale.clone(),
-            ..status.clone()
-        }
-    });
-    if unchanged {
+    if task.status.as_ref() == Some(&status) {
         return Ok(());
     }
     let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask", "status": status});
     api.patch_status(
         &task.name_any(),
         &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
-}
-
-/// `status.lastScale`, under a field manager of its own and only when replicas change: the
-/// status written by every reconcile is built from the cached object, which a reconcile right
-/// after a scaling may see without its `lastScale` yet; that apply must not own the field, or
-/// it would put the older decision back.
-async fn record_scale(
-    api: &Api<PeragoTask>,
-    task: &PeragoTask,
-    decision: ScaleDecision,
-) -> Result<(), Error> {
-    let patch = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
-                       "status": {"lastScale": decision}});
-    api.patch_status(
-        &task.name_any(),
-        &PatchParams::apply(SCALING_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await?;
@@ -298,8 +279,19 @@ struct Work {
     busy: Vec<scaling::BusyPod>,
     running: i64,
     queued: i64,
+    /// When the queue was read.
+    queue_read: std::time::Instant,
     /// When the reconcile began to look: a pod asked since has a figure of now.
     observed: std::time::Instant,
+}
+
+impl Work {
+    /// From when a pod's figure can be trusted to count every task it has taken from the
+    /// queue read: once the reconcile began to look, and [`scaling::QUEUE_SETTLE`] after that
+    /// read.
+    fn figures_trusted_from(&self) -> std::time::Instant {
+        self.observed.max(self.queue_read + scaling::QUEUE_SETTLE)
+    }
 }
 
 async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, Error> {
@@ -309,12 +301,13 @@ async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, E
     let pods = ctx.owned.pods(&ns, &task.name_any());
     let busy = slots::busy_pods(ctx, task, &pods).await;
     let running: i64 = busy.iter().map(|p| p.busy).sum();
-    let queued = scaling::queued(ctx, base, task, running).await?;
+    let (queued, queue_read) = scaling::queued(ctx, base, task, running).await?;
     Ok(Work {
         pods,
         busy,
         running,
         queued,
+        queue_read,
         observed,
     })
 }
@@ -465,7 +458,8 @@ async fn scale(
         // The book's figures may be a census period old. The scale-in marks its pods from them
         // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
         // would remove asked again, and the decision made again with their answers, until each
-        // has answered during this reconcile. So a pod is asked once, when the scale-in is about
+        // has answered during this reconcile and late enough after the queue read to count
+        // what it took from the queue. So a pod is asked once, when the scale-in is about
         // to remove it; should one have turned busy, the marks move and the scale-in waits
         // again (ADR 0030).
         let removals = |next: i32| usize::try_from(replicas - next).unwrap_or(0);
@@ -473,11 +467,13 @@ async fn scale(
             debug!(from = replicas, to = next, %why, "the scale-in waits");
             return Ok((replicas, true));
         }
+        let trusted_from = work.figures_trusted_from();
         while next < replicas {
-            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), work.observed);
+            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), trusted_from);
             if stale.is_empty() {
                 break;
             }
+            tokio::time::sleep_until(trusted_from.into()).await;
             slots::ask_again(ctx, task, &mut work.busy, &stale).await;
             work.running = work.busy.iter().map(|p| p.busy).sum();
             next = decide(work, true);
@@ -503,14 +499,21 @@ async fn scale(
     let reason = scaling::reason(queued, running, auto, next);
     info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
     let note = format!("{replicas} → {next} executor pods: {reason}");
-    publish_event(ctx, task, EventType::Normal, "Scaled", note).await;
-    let decision = ScaleDecision {
-        time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
-        from: replicas,
-        to: next,
-        reason,
-    };
-    record_scale(api, task, decision).await?;
+    // The event is not waited for: in a wave every write of the reconcile waits its turn at the
+    // API server, and the Deployment and status that follow matter more.
+    let event = event(EventType::Normal, "Scaled", note);
+    let sent = send_event(ctx.recorder.clone(), task.object_ref(&()), event);
+    tokio::spawn(sent.in_current_span());
+    scaling::decided(
+        ctx,
+        task,
+        ScaleDecision {
+            time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            from: replicas,
+            to: next,
+            reason,
+        },
+    );
     Ok((next, false))
 }
 
@@ -553,6 +556,10 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .remove(&key);
     ctx.scales_written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&key);
+    ctx.last_scales
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .remove(&key);
@@ -633,14 +640,6 @@ fn error_policy(task: Arc<PeragoTask>, error: &Error, _ctx: Arc<Context>) -> Act
     Action::requeue(Duration::from_secs(10))
 }
 
-/// How long a task's triggers must be quiet before it is reconciled. A reconcile's own writes
-/// (the status, a new Deployment or ConfigMap) and a rollout's bursts of Deployment status
-/// changes each trigger the task again; waiting this long makes one reconcile of each burst
-/// (`--bench fleet`, docs/scale.md). Reconciling at once instead was tried and is not in:
-/// the real node's scale-in test then saw a pod that had just taken an attempt scaled in
-/// (docs/scale.md, "Reconciling at once: tried").
-const DEBOUNCE: Duration = Duration::from_millis(500);
-
 /// A spec the status has not observed yet, or a deletion the finalizer still holds: what a
 /// user waits for the operator to act on.
 fn spec_unobserved(task: &PeragoTask) -> bool {
@@ -671,18 +670,18 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
                 .modify(|task: &mut PeragoTask| task.managed_fields_mut().clear())
                 .reflect(writer)
                 .applied_objects()
+                .predicate_filter(triggers::task_changes(), Default::default())
                 .inspect_ok(move |task| {
                     if spec_unobserved(task) {
                         let task = ObjectRef::from_obj(task);
                         metrics.waits.seen(task, WaitCause::Spec);
                     }
                 });
+            // No debounce: a change to the task starts its reconcile at once, and the
+            // children's bursts are gathered before they get here (crate::triggers).
             Controller::for_stream(tasks, store)
-                .with_config(controller::Config::default().debounce(DEBOUNCE))
                 .trigger_backoff(owned::WatchBackoff::default())
-                .owns_stream(children.deployments)
-                .owns_stream(children.config_maps)
-                .owns_stream(children.network_policies)
+                .reconcile_on(triggers::children(children))
         })
         .collect();
     let ctx = Arc::new(Context {
@@ -747,6 +746,16 @@ mod tests {
     /// A `/slots` endpoint at `ip` and `port` (0: any) that answers every pod idle and counts
     /// the requests; and its port.
     async fn idle_sidecar(ip: &str, port: u16) -> (Arc<std::sync::atomic::AtomicUsize>, u16) {
+        sidecar_answering(ip, port, &[0]).await
+    }
+
+    /// A `/slots` endpoint at `ip` and `port` (0: any) whose `n`th answer has `busy[n]` busy
+    /// slots (the last one from then on), counting the requests; and its port.
+    async fn sidecar_answering(
+        ip: &str,
+        port: u16,
+        busy: &'static [i64],
+    ) -> (Arc<std::sync::atomic::AtomicUsize>, u16) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind((ip, port))
             .await
@@ -756,10 +765,10 @@ mod tests {
         let count = asked.clone();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut request = [0; 1024];
                 let _ = stream.read(&mut request).await;
-                let body = r#"{"busy":0}"#;
+                let body = format!(r#"{{"busy":{}}}"#, busy[n.min(busy.len() - 1)]);
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -792,6 +801,7 @@ mod tests {
             busy: Vec::new(),
             running: 0,
             queued: 0,
+            queue_read: std::time::Instant::now() - scaling::QUEUE_SETTLE,
             observed: std::time::Instant::now(),
         };
         let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
@@ -854,6 +864,7 @@ mod tests {
                 busy,
                 running: 1,
                 queued: 0,
+                queue_read: long_ago,
                 observed: std::time::Instant::now(),
             }
         };
@@ -892,7 +903,7 @@ mod tests {
             "default/t".into(),
             std::time::Instant::now() - scaling::SCALE_IN_AFTER_COSTS,
         );
-        let server = answer_a_scale(api_server, &task, 3, 1);
+        let server = answer_a_scale(api_server, 3, 1);
         let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
         server.await.unwrap();
         assert_eq!(decided, (1, false));
@@ -903,31 +914,82 @@ mod tests {
         );
     }
 
-    /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch,
-    /// its `Scaled` event and its `lastScale` status, and asserts there are no others.
+    /// A pod asked just after the queue read that shows its queue empty may have taken the
+    /// queue's last task without counting it yet: the scale-in asks it again once the read is
+    /// [`scaling::QUEUE_SETTLE`] old, and keeps it when it then says it is busy.
+    #[tokio::test]
+    async fn a_scale_in_asks_again_a_pod_asked_just_after_the_queue_read() {
+        let (mut ctx, _api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let ip = "127.86.34.1";
+        let (asked, port) = sidecar_answering(ip, 0, &[1]).await;
+        Arc::get_mut(&mut ctx).unwrap().slots_port = port;
+        // Already marked, so that the scale-in has nothing to wait for but the figure.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p-a", "namespace": "default",
+                         "annotations": {scaling::DELETION_COST: "-1"}},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let observed = std::time::Instant::now();
+        let idle = slots::Figure {
+            busy: 0,
+            answered: true,
+            at: observed,
+        };
+        let mut work = Work {
+            pods: Vec::new(),
+            busy: vec![scaling::BusyPod::new(&ctx, &pod, ip.into(), idle)],
+            running: 0,
+            queued: 0,
+            queue_read: observed,
+            observed,
+        };
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+        let decided = tokio::time::timeout(
+            Duration::from_secs(5),
+            scale(&ctx, &tasks, &task, &mut work),
+        )
+        .await
+        .expect("the scale-in made a request to the API server")
+        .unwrap();
+        assert_eq!(decided, (1, false), "the pod is kept");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(
+            observed.elapsed() >= scaling::QUEUE_SETTLE,
+            "asked again only once the read had settled"
+        );
+    }
+
+    /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch
+    /// and its `Scaled` event, and asserts there are no others; the `lastScale` it decided is
+    /// for the reconcile's status write.
     fn answer_a_scale(
         mut api_server: crate::fixtures::ApiServer,
-        task: &PeragoTask,
         from: i32,
         to: i32,
     ) -> tokio::task::JoinHandle<()> {
-        let task_json = serde_json::to_value(task).unwrap();
         tokio::spawn(async move {
             let (patch, answer) = api_server
                 .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
                 .await;
             assert_eq!(patch["spec"]["replicas"], to);
             answer.send(200, &json!({"spec": {"replicas": to}}));
-            let (_, answer) = api_server
+            let (event, answer) = api_server
                 .expect(Method::POST, "/namespaces/default/events")
                 .await;
+            assert_eq!(event["reason"], "Scaled");
+            assert!(
+                event["note"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&format!("{from} → {to} executor pods"))),
+                "{event}"
+            );
             answer.send(201, &json!({}));
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/status")
-                .await;
-            assert_eq!(patch["status"]["lastScale"]["from"], from);
-            assert_eq!(patch["status"]["lastScale"]["to"], to);
-            answer.send(200, &task_json);
             api_server.expect_no_more().await;
         })
     }
@@ -948,13 +1010,14 @@ mod tests {
             busy: Vec::new(),
             running: 0,
             queued,
+            queue_read: std::time::Instant::now(),
             observed: std::time::Instant::now(),
         };
         let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
         let decided = scale(&ctx, &tasks, &task, &mut work(1)).await.unwrap();
         assert_eq!(decided, (1, false), "the write stands, nothing is sent");
 
-        let server = answer_a_scale(api_server, &task, 1, 5);
+        let server = answer_a_scale(api_server, 1, 5);
         let decided = scale(&ctx, &tasks, &task, &mut work(5)).await.unwrap();
         server.await.unwrap();
         assert_eq!(decided, (5, false));
@@ -963,6 +1026,8 @@ mod tests {
             Some(5),
             "the second write stands until the watch shows both"
         );
+        let last = scaling::last_scale(&ctx, &task).expect("the status carries the decision");
+        assert_eq!((last.from, last.to), (1, 5));
     }
 
     fn invalid_task() -> PeragoTask {

@@ -72,6 +72,7 @@ pub fn mocked_context_with(queue_period: Option<Duration>) -> (Arc<Context>, Api
         costs_changed: Default::default(),
         costs_written: Default::default(),
         scales_written: Default::default(),
+        last_scales: Default::default(),
         slots_port: crate::render::METRICS_PORT as u16,
         pods_http: reqwest::Client::new(),
         probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),

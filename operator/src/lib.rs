@@ -21,6 +21,7 @@ pub mod siblings;
 pub mod slots;
 pub mod status;
 pub mod telemetry;
+pub mod triggers;
 pub mod webhook;
 
 #[cfg(test)]

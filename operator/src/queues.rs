@@ -24,12 +24,12 @@ impl QueueWatch {
         }
     }
 
-    /// The queue's size from a read no older than two periods.
-    pub fn fresh(&self, base: &str, queue: &str) -> Option<i64> {
+    /// The queue's size from a read no older than two periods, and when it was read.
+    pub fn fresh(&self, base: &str, queue: &str) -> Option<(i64, Instant)> {
         let period = self.period?;
         let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
         let (at, sizes) = sizes.get(base)?;
-        (at.elapsed() <= 2 * period).then(|| sizes.get(queue).copied().unwrap_or(0))
+        (at.elapsed() <= 2 * period).then(|| (sizes.get(queue).copied().unwrap_or(0), *at))
     }
 
     pub fn record(&self, base: &str, sizes: HashMap<String, i64>) {
@@ -48,11 +48,12 @@ mod tests {
     fn fresh_sizes_expire_after_two_periods() {
         let watch = QueueWatch::new(Some(Duration::from_millis(20)));
         watch.record("c", HashMap::from([("a".to_owned(), 3)]));
-        assert_eq!(watch.fresh("c", "a"), Some(3));
-        assert_eq!(watch.fresh("c", "b"), Some(0), "absent queue is empty");
+        let size = |queue| watch.fresh("c", queue).map(|(size, _)| size);
+        assert_eq!(size("a"), Some(3));
+        assert_eq!(size("b"), Some(0), "absent queue is empty");
         assert_eq!(watch.fresh("other", "a"), None);
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(watch.fresh("c", "a"), None);
+        assert_eq!(size("a"), None);
         assert_eq!(QueueWatch::new(None).fresh("c", "a"), None, "watch off");
     }
 }

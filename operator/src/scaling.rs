@@ -15,7 +15,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use perago_api::PeragoTask;
-use perago_api::task::AutoscalingSpec;
+use perago_api::task::{AutoscalingSpec, ScaleDecision};
 
 use crate::conductor::ConductorError;
 use crate::context::{Context, conductor_url};
@@ -395,22 +395,66 @@ pub fn reason(queued: i64, running: i64, spec: &AutoscalingSpec, next: i32) -> S
     text
 }
 
-/// Scheduled tasks in the task's queue (its domain's, when it has one): from the queue watch
-/// when it read them lately and no attempt runs, else from Conductor. With attempts running, a
-/// read up to two periods old may still count a task a pod has since taken, which the running
-/// count then counts again.
+/// This process decided `decision` for `task`: its status carries it from now on
+/// ([`last_scale`]).
+pub fn decided(ctx: &Context, task: &PeragoTask, decision: ScaleDecision) {
+    ctx.last_scales
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(task_key(task), decision);
+}
+
+/// `status.lastScale` of `task`: this process's last decision while the watched task does not
+/// show it yet, else the watched one. The status is written from the watched task, which under
+/// load shows the operator's own writes late; writing its older decision back would undo the
+/// newer one.
+pub fn last_scale(ctx: &Context, task: &PeragoTask) -> Option<ScaleDecision> {
+    let shown = task.status.as_ref().and_then(|s| s.last_scale.clone());
+    let mut all = ctx
+        .last_scales
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = task_key(task);
+    let Some(decided) = all.get(&key) else {
+        return shown;
+    };
+    // The status keeps microseconds.
+    let micros = |d: &ScaleDecision| d.time.0.as_microsecond();
+    if shown.as_ref().is_some_and(|s| micros(s) >= micros(decided)) {
+        all.remove(&key);
+        return shown;
+    }
+    Some(decided.clone())
+}
+
+/// Scheduled tasks in the task's queue (its domain's, when it has one), and when they were
+/// read: from the queue watch when it read them lately and no attempt runs, else from
+/// Conductor. With attempts running, a read up to two periods old may still count a task a pod
+/// has since taken, which the running count then counts again.
 pub async fn queued(
     ctx: &Context,
     base: &str,
     task: &PeragoTask,
     running: i64,
-) -> Result<i64, ConductorError> {
+) -> Result<(i64, Instant), ConductorError> {
     let (task_type, domain) = (&task.spec.task_name, task.spec.domain());
     match ctx.queues.fresh(base, &queue_name(task_type, domain)) {
-        Some(size) if running == 0 || size == 0 => Ok(size),
-        _ => ctx.conductor.at(base).queue_size(task_type, domain).await,
+        Some((size, at)) if running == 0 || size == 0 => Ok((size, at)),
+        _ => {
+            let size = ctx.conductor.at(base).queue_size(task_type, domain).await?;
+            // Conductor may have handed a task out at any moment until it answered.
+            Ok((size, Instant::now()))
+        }
     }
 }
+
+/// How long after a queue read a pod's busy figure must be taken for a scale-in to trust the
+/// two together. Conductor takes a task off the queue when a pod polls, and the pod counts it
+/// busy only once the poll's answer arrives: a figure taken in between shows the task in
+/// neither. The window is Conductor's answer time, milliseconds on a quiet server; a pod
+/// scaled in within it despite this still finishes the attempt in its grace period, or
+/// Conductor retries it.
+pub const QUEUE_SETTLE: Duration = Duration::from_secs(1);
 
 /// Would the work now queued (plus what the task last ran) need more pods than it has, or
 /// than this process last gave it when the watch does not show that yet?
@@ -800,7 +844,7 @@ mod tests {
         let woken = take_read(&ctx, base, read(3), &tasks, &mut drains, Instant::now());
         assert_eq!(woken, [ObjectRef::from_obj(&*task)]);
         assert_eq!(
-            ctx.queues.fresh(base, "op.t"),
+            ctx.queues.fresh(base, "op.t").map(|(size, _)| size),
             Some(3),
             "recorded before the wake-up"
         );
@@ -810,6 +854,52 @@ mod tests {
         assert!(woken.is_empty(), "scaled to 3 already");
         let woken = take_read(&ctx, base, read(5), &tasks, &mut drains, Instant::now());
         assert_eq!(woken.len(), 1, "5 queued need more than the 3 written");
+    }
+
+    /// The status carries the operator's last decision until the watched task shows it, and
+    /// never an older one the watch still shows; once shown, the watched one is the truth.
+    #[tokio::test]
+    async fn the_last_decision_stands_until_the_watched_status_shows_it() {
+        let (ctx, _api) = crate::fixtures::mocked_context();
+        let decision = |from, to| ScaleDecision {
+            time: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(Timestamp::now()),
+            from,
+            to,
+            reason: String::new(),
+        };
+        let mut task = crate::fixtures::task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 2, body: {image: b, command: [run]}}}",
+        );
+        assert!(last_scale(&ctx, &task).is_none());
+        let older = decision(0, 1);
+        task.status = Some(perago_api::PeragoTaskStatus {
+            last_scale: Some(older.clone()),
+            ..Default::default()
+        });
+        assert_eq!(
+            last_scale(&ctx, &task),
+            Some(older.clone()),
+            "the watched one"
+        );
+
+        let newer = decision(1, 2);
+        decided(&ctx, &task, newer.clone());
+        assert_eq!(
+            last_scale(&ctx, &task),
+            Some(newer.clone()),
+            "not the older one"
+        );
+
+        // The status round-trips through the API server at microseconds.
+        let mut shown = newer.clone();
+        shown.time.0 = Timestamp::from_microsecond(newer.time.0.as_microsecond()).unwrap();
+        task.status.as_mut().unwrap().last_scale = Some(shown.clone());
+        assert_eq!(last_scale(&ctx, &task), Some(shown.clone()));
+        assert!(
+            ctx.last_scales.lock().unwrap().is_empty(),
+            "forgotten once shown"
+        );
     }
 
     #[test]

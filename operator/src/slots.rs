@@ -196,7 +196,10 @@ fn scale_in_may_follow(ctx: &Context, task: &PeragoTask) -> bool {
     };
     let queue = queue_name(&task.spec.task_name, task.spec.domain());
     task.spec.executor.replicas > auto.min_replicas
-        && ctx.queues.fresh(&conductor_url(task, ctx), &queue) == Some(0)
+        && ctx
+            .queues
+            .fresh(&conductor_url(task, ctx), &queue)
+            .is_some_and(|(size, _)| size == 0)
 }
 
 /// A pod of the book that still runs: its IP and its task.

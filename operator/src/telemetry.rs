@@ -67,8 +67,8 @@ impl Metrics {
                 "perago_operator_reconcile_wait_seconds",
                 "Seconds from the operator seeing a change that needs a task reconciled (cause: \
                  spec, a new generation or a deletion from the watch; scaling, its queue or busy \
-                 pods) to the start of that reconcile: the trigger debounce of 500 ms, and the \
-                 time spent behind a reconcile of the same task still running.",
+                 pods) to the start of that reconcile: the time spent behind a reconcile of the \
+                 same task still running, or in the controller's queue.",
             )
             .buckets(vec![
                 0.1, 0.25, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
