@@ -88,19 +88,30 @@ impl ApiServer {
     /// The next call must be `method` on a path ending in `path`; returns its JSON body and
     /// the means to answer it.
     pub async fn expect(&mut self, method: Method, path: &str) -> (Value, Answer) {
+        let (called, body, answer) = self.next_call(method.clone()).await;
+        assert!(
+            called.ends_with(path),
+            "expected {method} …{path}, got {called}"
+        );
+        (body, answer)
+    }
+
+    /// The next call must be `method`; returns its path, its JSON body and the means to
+    /// answer it (for calls a client makes side by side, in any order).
+    pub async fn next_call(&mut self, method: Method) -> (String, Value, Answer) {
         let (request, respond) = self
             .0
             .next_request()
             .await
-            .unwrap_or_else(|| panic!("expected {method} {path}, but the client stopped"));
+            .unwrap_or_else(|| panic!("expected a {method} call, but the client stopped"));
         assert_eq!(request.method(), method, "{}", request.uri());
-        assert!(
-            request.uri().path().ends_with(path),
-            "expected {method} …{path}, got {}",
-            request.uri()
-        );
+        let path = request.uri().path().to_owned();
         let body = request.into_body().collect_bytes().await.unwrap();
-        (serde_json::from_slice(&body).unwrap(), Answer(respond))
+        (
+            path,
+            serde_json::from_slice(&body).unwrap(),
+            Answer(respond),
+        )
     }
 
     /// No further call comes within 100 ms (the channel ends or stays silent).

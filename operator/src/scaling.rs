@@ -295,33 +295,53 @@ pub fn drained(task: &PeragoTask, queued: i64, drain: &mut Drain, now: Instant) 
 
 /// Before a scale-in by `count` pods: writes [`deletion_marks`]. Returns how many changed.
 pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], count: usize) -> usize {
+    use futures_util::StreamExt;
     let api = Api::<Pod>::namespaced(ctx.client.clone(), ns);
-    let mut changed = 0;
-    for (name, cost) in deletion_marks(pods, count) {
-        let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                changed += 1;
-                ctx.metrics.deletion_cost_writes.inc();
-                let mut written = ctx
-                    .costs_written
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                // Entries of pods gone since (a scale-in removes them) are never read again.
-                written.retain(|_, (_, at)| at.elapsed() <= OWN_WRITE_TRUSTED);
-                written.insert(
-                    format!("{ns}/{name}"),
-                    (cost.map(str::to_owned), Instant::now()),
-                );
+    let api = &api;
+    // Side by side: under load each write waits its turn at the API server, and a scale-in
+    // waits for all of them.
+    let write = |name: &str, cost: Option<&'static str>| {
+        let name = name.to_owned();
+        async move {
+            let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+            let written = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            match written {
+                Ok(_) => {
+                    ctx.metrics.deletion_cost_writes.inc();
+                    let mut written = ctx
+                        .costs_written
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    // Entries of pods gone since (a scale-in removes them) are never read again.
+                    written.retain(|_, (_, at)| at.elapsed() <= OWN_WRITE_TRUSTED);
+                    written.insert(
+                        format!("{ns}/{name}"),
+                        (cost.map(str::to_owned), Instant::now()),
+                    );
+                    true
+                }
+                Err(e) => {
+                    warn!(pod = %name, error = %e, "setting the pod's deletion cost failed");
+                    false
+                }
             }
-            Err(e) => warn!(pod = %name, error = %e, "setting the pod's deletion cost failed"),
         }
-    }
-    changed
+    };
+    let writes: Vec<_> = deletion_marks(pods, count)
+        .into_iter()
+        .map(|(name, cost)| write(name, cost))
+        .collect();
+    let written: Vec<bool> = futures_util::stream::iter(writes)
+        .buffer_unordered(MARKS_AT_ONCE)
+        .collect()
+        .await;
+    written.into_iter().filter(|w| *w).count()
 }
+
+/// Deletion-cost writes of one scale-in in flight at once.
+const MARKS_AT_ONCE: usize = 8;
 
 /// `ceil(work / target)` clamped to `[min, max]`.
 pub fn recommended(work: i64, spec: &AutoscalingSpec) -> i32 {
