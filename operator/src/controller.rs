@@ -454,6 +454,14 @@ async fn scale(
         debug!(from = replicas, to = next, pod = %pod.name_any(), "the scale-in waits for a starting pod");
         return Ok((replicas, true));
     }
+    if next < replicas && scaling::pods_unseen(ctx, task, &work.pods, replicas, now) {
+        debug!(
+            from = replicas,
+            to = next,
+            "the scale-in waits for pods the watch does not show yet"
+        );
+        return Ok((replicas, true));
+    }
     if next < replicas {
         // The book's figures may be a census period old. The scale-in marks its pods from them
         // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
@@ -461,12 +469,9 @@ async fn scale(
         // has answered during this reconcile and late enough after the queue read to count
         // what it took from the queue. So a pod is asked once, when the scale-in is about
         // to remove it; should one have turned busy, the marks move and the scale-in waits
-        // again (ADR 0030). A scale-in to zero removes every pod, whichever the ReplicaSet
-        // picks first: it sets no marks and waits for none.
+        // again (ADR 0030).
         let removals = |next: i32| usize::try_from(replicas - next).unwrap_or(0);
-        if next > 0
-            && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
-        {
+        if let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await {
             debug!(from = replicas, to = next, %why, "the scale-in waits");
             return Ok((replicas, true));
         }
@@ -482,7 +487,6 @@ async fn scale(
             next = decide(work, true);
         }
         if next < replicas
-            && next > 0
             && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
         {
             debug!(from = replicas, to = next, %why, "the scale-in waits");
@@ -972,61 +976,6 @@ mod tests {
             observed.elapsed() >= scaling::QUEUE_SETTLE,
             "asked again only once the read had settled"
         );
-    }
-
-    /// A scale-in to zero removes every pod: it writes no deletion cost and waits for none,
-    /// asks each pod once, and scales (its `/scale` patch is the first call it makes).
-    #[tokio::test]
-    async fn a_scale_in_to_zero_sets_no_marks() {
-        let (mut ctx, api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 2, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let ips = ["127.86.35.1", "127.86.35.2"];
-        let (first, port) = idle_sidecar(ips[0], 0).await;
-        let second = idle_sidecar(ips[1], port).await.0;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = port;
-        let long_ago = std::time::Instant::now() - Duration::from_secs(50);
-        let busy = ["p-a", "p-b"]
-            .into_iter()
-            .zip(ips)
-            .map(|(name, ip)| {
-                let pod: Pod = serde_json::from_value(json!({
-                    "metadata": {"name": name, "namespace": "default"},
-                    "status": {"phase": "Running", "podIP": ip,
-                               "conditions": [{"type": "Ready", "status": "True"}]},
-                }))
-                .unwrap();
-                let idle = slots::Figure {
-                    busy: 0,
-                    answered: true,
-                    at: long_ago,
-                };
-                scaling::BusyPod::new(&ctx, &pod, ip.into(), idle)
-            })
-            .collect();
-        let mut work = Work {
-            pods: Vec::new(),
-            busy,
-            running: 0,
-            queued: 0,
-            queue_read: long_ago,
-            observed: std::time::Instant::now(),
-        };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-        let server = answer_a_scale(api_server, 2, 0);
-        let decided = scale(&ctx, &tasks, &task, &mut work).await.unwrap();
-        server.await.unwrap();
-        assert_eq!(decided, (0, false));
-        let asked =
-            |a: &std::sync::atomic::AtomicUsize| a.load(std::sync::atomic::Ordering::SeqCst);
-        assert_eq!(
-            (asked(&first), asked(&second)),
-            (1, 1),
-            "each pod asked once"
-        );
-        assert_eq!(ctx.metrics.deletion_cost_writes.get(), 0);
     }
 
     /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch

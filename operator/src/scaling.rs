@@ -263,6 +263,27 @@ pub fn starting(pod: &Pod, now: Timestamp) -> bool {
         && crate::pods::pod_problem(pod).is_none()
 }
 
+/// Whether the task has pods the watch of pods does not show yet: fewer pods than `replicas`
+/// within [`STARTING_LIMIT`] of the operator's last scale-up. Under load the watch shows a new
+/// pod seconds late, while its sidecar may already have taken work; a scale-in decided then
+/// would count none of it. A pod that never comes (a quota, a refusing webhook) holds scale-ins
+/// back for that long at most.
+pub fn pods_unseen(
+    ctx: &Context,
+    task: &PeragoTask,
+    pods: &[Arc<Pod>],
+    replicas: i32,
+    now: Timestamp,
+) -> bool {
+    let seen = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .count();
+    let scaled_up_lately = last_scale(ctx, task)
+        .is_some_and(|s| s.to > s.from && now.duration_since(s.time.0) < STARTING_LIMIT);
+    scaled_up_lately && seen < usize::try_from(replicas).unwrap_or(0)
+}
+
 /// The key of a task's entries in the scaler's per-task state.
 pub fn task_key(task: &PeragoTask) -> String {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
@@ -471,10 +492,10 @@ pub async fn queued(
 /// How long after a queue read a pod's busy figure must be taken for a scale-in to trust the
 /// two together. Conductor takes a task off the queue when a pod polls, and the pod counts it
 /// busy only once the poll's answer arrives: a figure taken in between shows the task in
-/// neither. The window is Conductor's answer time, milliseconds on a quiet server; a pod
-/// scaled in within it despite this still finishes the attempt in its grace period, or
-/// Conductor retries it.
-pub const QUEUE_SETTLE: Duration = Duration::from_secs(1);
+/// neither. The window is Conductor's answer time: milliseconds on a quiet server, over a
+/// second on a loaded one. A pod scaled in within it despite this still finishes the attempt
+/// in its grace period, or Conductor retries it.
+pub const QUEUE_SETTLE: Duration = Duration::from_secs(2);
 
 /// Would the work now queued (plus what the task last ran) need more pods than it has, or
 /// than this process last gave it when the watch does not show that yet?
@@ -878,6 +899,45 @@ mod tests {
 
     /// The status carries the operator's last decision until the watched task shows it, and
     /// never an older one the watch still shows; once shown, the watched one is the truth.
+    /// Pods the watch does not show yet hold a scale-in back only for a while after the
+    /// operator's own scale-up.
+    #[tokio::test]
+    async fn a_scale_up_lately_with_pods_unseen_holds_a_scale_in_back() {
+        let (ctx, _api) = crate::fixtures::mocked_context();
+        let task = crate::fixtures::task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, body: {image: b, command: [run]}}}",
+        );
+        let now = Timestamp::now();
+        let pod: Arc<Pod> = Arc::new(
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "p", "namespace": "default"}}),
+            )
+            .unwrap(),
+        );
+        let scaled = |at: Timestamp| ScaleDecision {
+            time: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(at),
+            from: 0,
+            to: 1,
+            reason: String::new(),
+        };
+        assert!(
+            !pods_unseen(&ctx, &task, &[], 1, now),
+            "no scale-up of its own"
+        );
+        decided(&ctx, &task, scaled(now));
+        assert!(
+            pods_unseen(&ctx, &task, &[], 1, now),
+            "its pod not seen yet"
+        );
+        assert!(!pods_unseen(&ctx, &task, &[pod], 1, now), "seen");
+        let later = now + STARTING_LIMIT;
+        assert!(
+            !pods_unseen(&ctx, &task, &[], 1, later),
+            "not waited for longer"
+        );
+    }
+
     #[tokio::test]
     async fn the_last_decision_stands_until_the_watched_status_shows_it() {
         let (ctx, _api) = crate::fixtures::mocked_context();
