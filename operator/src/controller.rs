@@ -787,6 +787,20 @@ mod tests {
         (asked, port)
     }
 
+    /// [`scale`] where the API server never answers: the decision, or a failure when it sent
+    /// a request.
+    async fn scale_sending_nothing(
+        ctx: &Context,
+        task: &PeragoTask,
+        work: &mut Work,
+    ) -> (i32, bool) {
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+        tokio::time::timeout(Duration::from_secs(5), scale(ctx, &tasks, task, work))
+            .await
+            .expect("the scale-in made a request to the API server")
+            .unwrap()
+    }
+
     /// A new pod's sidecar may poll before the kubelet reports the pod Running, when the pod
     /// has no figure in the book yet: the scale-in its poll would trigger (its queue now empty)
     /// waits for it, and makes no request, rather than count none of its work.
@@ -812,14 +826,7 @@ mod tests {
             queue_read: std::time::Instant::now() - scaling::QUEUE_SETTLE,
             observed: std::time::Instant::now(),
         };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-        let decided = tokio::time::timeout(
-            Duration::from_secs(5),
-            scale(&ctx, &tasks, &task, &mut work),
-        )
-        .await
-        .expect("the scale-in made a request to the API server")
-        .unwrap();
+        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
         assert_eq!(decided, (1, true), "the scale-in waits");
     }
 
@@ -962,14 +969,7 @@ mod tests {
             queue_read: observed,
             observed,
         };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-        let decided = tokio::time::timeout(
-            Duration::from_secs(5),
-            scale(&ctx, &tasks, &task, &mut work),
-        )
-        .await
-        .expect("the scale-in made a request to the API server")
-        .unwrap();
+        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
         assert_eq!(decided, (1, false), "the pod is kept");
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert!(

@@ -897,8 +897,6 @@ mod tests {
         assert_eq!(woken.len(), 1, "5 queued need more than the 3 written");
     }
 
-    /// The status carries the operator's last decision until the watched task shows it, and
-    /// never an older one the watch still shows; once shown, the watched one is the truth.
     /// Pods the watch does not show yet hold a scale-in back only for a while after the
     /// operator's own scale-up.
     #[tokio::test]
@@ -938,6 +936,8 @@ mod tests {
         );
     }
 
+    /// The status carries the operator's last decision until the watched task shows it, and
+    /// never an older one the watch still shows; once shown, the watched one is the truth.
     #[tokio::test]
     async fn the_last_decision_stands_until_the_watched_status_shows_it() {
         let (ctx, _api) = crate::fixtures::mocked_context();
