@@ -326,6 +326,9 @@ struct Counters {
     /// `cause/le`: the operator's reconciles of a change that started within `le` seconds of
     /// it being seen (`perago_operator_reconcile_wait_seconds`).
     waits: BTreeMap<String, f64>,
+    /// `direction/le`: the operator's `/scale` writes answered within `le` seconds of the
+    /// queue read they were decided with (`perago_operator_scale_seconds`).
+    scales: BTreeMap<String, f64>,
     conductor: BTreeMap<String, f64>,
     /// `verb/resource/subresource` on the resources of the reconcile.
     apiserver: BTreeMap<String, f64>,
@@ -405,6 +408,11 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
             "perago_operator_reconcile_wait_seconds_bucket",
             &["cause", "le"],
         ),
+        scales: counter_by(
+            &operator,
+            "perago_operator_scale_seconds_bucket",
+            &["direction", "le"],
+        ),
         conductor: counter_by(
             &operator,
             "perago_operator_conductor_calls_total",
@@ -456,11 +464,12 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
     let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
         "  {title}: operator CPU {:.1} s; reconciles {} ({:.0} ms each on average), of a change: {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
-         deletion-cost writes {cost_writes:.0}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
+         deletion-cost writes {cost_writes:.0}\n    scaled, from the queue read decided on: {}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
         after.cpu - before.cpu,
         listed(&delta(&before.reconciles, &after.reconciles)),
         mean_reconcile_ms(before, after),
         within("waited", &delta(&before.waits, &after.waits)),
+        within("written", &delta(&before.scales, &after.scales)),
         per_task(writes),
         per_task(conductor_calls),
         per_task(probes),

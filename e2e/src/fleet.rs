@@ -164,7 +164,14 @@ fn route_to_this_machine() -> Result<()> {
     Ok(())
 }
 
-/// Answers `/slots` on every address of this machine as an idle sidecar would.
+/// How long an idle sidecar's poll stays in flight: its default long poll
+/// (`PERAGO_POLL_TIMEOUT_MS`).
+const IDLE_POLL: u64 = 100;
+
+/// Answers `/slots` on every address of this machine as an idle sidecar would. Asked to count
+/// the polls sent before a queue read (ADR 0033), an idle sidecar waits for the poll it has in
+/// flight to come back empty: the stand-in waits for the rest of one long poll, spread evenly
+/// over 0 to [`IDLE_POLL`] ms.
 async fn serve_slots(probes: Arc<AtomicU64>) -> Result<tokio::task::JoinHandle<()>> {
     let address = SocketAddr::from(([0, 0, 0, 0], SIDECAR_PORT));
     let listener = tokio::net::TcpListener::bind(address)
@@ -181,8 +188,16 @@ async fn serve_slots(probes: Arc<AtomicU64>) -> Result<tokio::task::JoinHandle<(
                     let probes = probes.clone();
                     async move {
                         let body = if request.uri().path() == "/slots" {
-                            probes.fetch_add(1, Ordering::Relaxed);
-                            r#"{"slots":1,"busy":0,"stopping":false}"#
+                            let n = probes.fetch_add(1, Ordering::Relaxed);
+                            let counting = request
+                                .uri()
+                                .query()
+                                .is_some_and(|q| q.contains("countPollsOlderThanMs="));
+                            if counting {
+                                let rest = (n * 37) % (IDLE_POLL + 1);
+                                tokio::time::sleep(Duration::from_millis(rest)).await;
+                            }
+                            r#"{"slots":1,"busy":0,"stopping":false,"pollsCountedOlderThanMs":0}"#
                         } else {
                             ""
                         };

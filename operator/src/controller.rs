@@ -285,15 +285,6 @@ struct Work {
     observed: std::time::Instant,
 }
 
-impl Work {
-    /// From when a pod's figure can be trusted to count every task it has taken from the
-    /// queue read: once the reconcile began to look, and [`scaling::QUEUE_SETTLE`] after that
-    /// read.
-    fn figures_trusted_from(&self) -> std::time::Instant {
-        self.observed.max(self.queue_read + scaling::QUEUE_SETTLE)
-    }
-}
-
 async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, Error> {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     ctx.owned.ready().await.map_err(|_| Error::WatchStopped)?;
@@ -466,27 +457,45 @@ async fn scale(
         // The book's figures may be a census period old. The scale-in marks its pods from them
         // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
         // would remove asked again, and the decision made again with their answers, until each
-        // has answered during this reconcile and late enough after the queue read to count
-        // what it took from the queue. So a pod is asked once, when the scale-in is about
-        // to remove it; should one have turned busy, the marks move and the scale-in waits
-        // again (ADR 0030).
+        // has answered during this reconcile counting every task its polls took from the
+        // queue read. So a pod is asked once, when the scale-in is about to remove it; should
+        // one have turned busy, the marks move and the scale-in waits again (ADR 0030). A
+        // scale-in to zero removes every pod, so it marks none (ADR 0033).
         let removals = |next: i32| usize::try_from(replicas - next).unwrap_or(0);
-        if let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await {
+        if next > 0
+            && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
+        {
             debug!(from = replicas, to = next, %why, "the scale-in waits");
             return Ok((replicas, true));
         }
-        let trusted_from = work.figures_trusted_from();
+        let mut asks = 0;
         while next < replicas {
-            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), trusted_from);
+            let (read, observed) = (work.queue_read, work.observed);
+            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), read, observed);
             if stale.is_empty() {
                 break;
             }
-            tokio::time::sleep_until(trusted_from.into()).await;
-            slots::ask_again(ctx, task, &mut work.busy, &stale).await;
+            match asks {
+                0 => {}
+                // A sidecar that does not say which polls it counts is trusted from then, and
+                // a poll a loaded Conductor is slow to answer may be answered by then.
+                1 => tokio::time::sleep_until((read + scaling::QUEUE_SETTLE).into()).await,
+                _ => {
+                    debug!(
+                        from = replicas,
+                        to = next,
+                        "the scale-in waits for pods whose polls from before the queue read are not answered yet"
+                    );
+                    return Ok((replicas, true));
+                }
+            }
+            slots::ask_again(ctx, task, &mut work.busy, &stale, read).await;
+            asks += 1;
             work.running = work.busy.iter().map(|p| p.busy).sum();
             next = decide(work, true);
         }
         if next < replicas
+            && next > 0
             && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
         {
             debug!(from = replicas, to = next, %why, "the scale-in waits");
@@ -503,6 +512,11 @@ async fn scale(
         &Patch::Merge(json!({"spec": {"replicas": next}})),
     )
     .await?;
+    let direction = if next > replicas { "up" } else { "down" };
+    ctx.metrics
+        .scale_seconds
+        .with_label_values(&[direction])
+        .observe(work.queue_read.elapsed().as_secs_f64());
     scaling::wrote_scale(ctx, task, next);
     let reason = scaling::reason(queued, running, auto, next);
     info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
@@ -751,32 +765,56 @@ mod tests {
 
     use crate::fixtures::{mocked_context, task};
 
-    /// A `/slots` endpoint at `ip` and `port` (0: any) that answers every pod idle and counts
-    /// the requests; and its port.
-    async fn idle_sidecar(ip: &str, port: u16) -> (Arc<std::sync::atomic::AtomicUsize>, u16) {
-        sidecar_answering(ip, port, &[0]).await
+    /// The requests a `/slots` stand-in was sent (their request lines), and its port.
+    struct Sidecar {
+        requests: Arc<std::sync::Mutex<Vec<String>>>,
+        port: u16,
+    }
+
+    impl Sidecar {
+        fn asked(&self) -> usize {
+            self.requests.lock().unwrap().len()
+        }
+    }
+
+    /// A `/slots` endpoint at `ip` and `port` (0: any) that answers idle, counting every poll.
+    async fn idle_sidecar(ip: &str, port: u16) -> Sidecar {
+        sidecar_answering(ip, port, &[0], true).await
     }
 
     /// A `/slots` endpoint at `ip` and `port` (0: any) whose `n`th answer has `busy[n]` busy
-    /// slots (the last one from then on), counting the requests; and its port.
+    /// slots (the last one from then on), and says it counts every poll when `counts_polls`
+    /// (a sidecar older than ADR 0033 does not say).
     async fn sidecar_answering(
         ip: &str,
         port: u16,
         busy: &'static [i64],
-    ) -> (Arc<std::sync::atomic::AtomicUsize>, u16) {
+        counts_polls: bool,
+    ) -> Sidecar {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind((ip, port))
             .await
             .unwrap_or_else(|e| panic!("binding {ip}:{port}: {e}"));
         let port = listener.local_addr().unwrap().port();
-        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = asked.clone();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
-                let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut request = [0; 1024];
-                let _ = stream.read(&mut request).await;
-                let body = format!(r#"{{"busy":{}}}"#, busy[n.min(busy.len() - 1)]);
+                let read = stream.read(&mut request).await.unwrap_or(0);
+                let text = String::from_utf8_lossy(&request[..read]);
+                let line = text.lines().next().unwrap_or_default().to_owned();
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(line);
+                    seen.len() - 1
+                };
+                let busy = busy[n.min(busy.len() - 1)];
+                let body = if counts_polls {
+                    format!(r#"{{"busy":{busy},"pollsCountedOlderThanMs":0}}"#)
+                } else {
+                    format!(r#"{{"busy":{busy}}}"#)
+                };
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -784,7 +822,7 @@ mod tests {
                 let _ = stream.write_all(answer.as_bytes()).await;
             }
         });
-        (asked, port)
+        Sidecar { requests, port }
     }
 
     /// [`scale`] where the API server never answers: the decision, or a failure when it sent
@@ -841,18 +879,14 @@ mod tests {
             "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
         ));
         let ips = ["127.86.33.1", "127.86.33.2", "127.86.33.3"];
-        let (first, port) = idle_sidecar(ips[0], 0).await;
-        let mut asked = vec![first];
+        let first = idle_sidecar(ips[0], 0).await;
+        let port = first.port;
+        let mut sidecars = vec![first];
         for ip in &ips[1..] {
-            asked.push(idle_sidecar(ip, port).await.0);
+            sidecars.push(idle_sidecar(ip, port).await);
         }
         Arc::get_mut(&mut ctx).unwrap().slots_port = port;
-        let total = || {
-            asked
-                .iter()
-                .map(|a| a.load(std::sync::atomic::Ordering::SeqCst))
-                .collect::<Vec<_>>()
-        };
+        let total = || sidecars.iter().map(Sidecar::asked).collect::<Vec<_>>();
         // The book, a resync old: a and b idle, c running the one attempt.
         let long_ago = std::time::Instant::now() - Duration::from_secs(50);
         let work = |ctx: &Context| {
@@ -870,6 +904,7 @@ mod tests {
                         busy,
                         answered: true,
                         at: long_ago,
+                        polls_counted_before: Some(long_ago),
                     };
                     scaling::BusyPod::new(ctx, &pod, ip.into(), figure)
                 })
@@ -934,23 +969,85 @@ mod tests {
         );
     }
 
-    /// A pod asked just after the queue read that shows its queue empty may have taken the
-    /// queue's last task without counting it yet: the scale-in asks it again once the read is
+    /// A scale-in to zero marks no pod (they all go) and asks each pod, at once, to count every
+    /// task its polls took before the queue read that shows the queue empty (ADR 0033).
+    #[tokio::test]
+    async fn a_scale_in_to_zero_marks_nothing_and_asks_each_pod_to_count_its_polls() {
+        let (mut ctx, api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 2, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let ips = ["127.86.35.1", "127.86.35.2"];
+        let a = idle_sidecar(ips[0], 0).await;
+        let b = idle_sidecar(ips[1], a.port).await;
+        Arc::get_mut(&mut ctx).unwrap().slots_port = a.port;
+        // Asked just before the queue read: idle, but a poll in flight may have taken the
+        // queue's last task.
+        let observed = std::time::Instant::now();
+        let mut work = {
+            let busy = [("p-a", ips[0]), ("p-b", ips[1])]
+                .into_iter()
+                .map(|(name, ip)| {
+                    let pod: Pod = serde_json::from_value(json!({
+                        "metadata": {"name": name, "namespace": "default"},
+                        "status": {"phase": "Running", "podIP": ip,
+                                   "conditions": [{"type": "Ready", "status": "True"}]},
+                    }))
+                    .unwrap();
+                    let figure = slots::Figure {
+                        busy: 0,
+                        answered: true,
+                        at: observed,
+                        polls_counted_before: Some(observed - Duration::from_millis(1)),
+                    };
+                    scaling::BusyPod::new(&ctx, &pod, ip.into(), figure)
+                })
+                .collect();
+            Work {
+                pods: Vec::new(),
+                busy,
+                running: 0,
+                queued: 0,
+                queue_read: observed,
+                observed,
+            }
+        };
+        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
+
+        // Both still idle: no pod's deletion cost is written, only the scale.
+        let server = answer_a_scale(api_server, 2, 0);
+        let decided = scale(&ctx, &tasks, &task, &mut work).await.unwrap();
+        server.await.unwrap();
+        assert_eq!(decided, (0, false));
+        assert_eq!((a.asked(), b.asked()), (1, 1));
+        let request = a.requests.lock().unwrap()[0].clone();
+        assert!(
+            request.starts_with("GET /slots?countPollsOlderThanMs="),
+            "{request}"
+        );
+        assert!(
+            observed.elapsed() < scaling::QUEUE_SETTLE,
+            "no wait for a sidecar that counts its polls"
+        );
+    }
+
+    /// A sidecar older than ADR 0033 does not say which polls it counts: a pod asked just
+    /// after the queue read that shows its queue empty may have taken the queue's last task
+    /// without counting it yet, so the scale-in asks it again once the read is
     /// [`scaling::QUEUE_SETTLE`] old, and keeps it when it then says it is busy.
     #[tokio::test]
-    async fn a_scale_in_asks_again_a_pod_asked_just_after_the_queue_read() {
+    async fn a_scale_in_asks_an_older_sidecar_again_once_the_queue_read_has_settled() {
         let (mut ctx, _api_server) = mocked_context();
         let task = Arc::new(task(
             "{name: t, namespace: default, uid: u-1, generation: 1}",
             "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
         ));
         let ip = "127.86.34.1";
-        let (asked, port) = sidecar_answering(ip, 0, &[1]).await;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = port;
-        // Already marked, so that the scale-in has nothing to wait for but the figure.
+        let sidecar = sidecar_answering(ip, 0, &[0, 1], false).await;
+        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
         let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p-a", "namespace": "default",
-                         "annotations": {scaling::DELETION_COST: "-1"}},
+            "metadata": {"name": "p-a", "namespace": "default"},
             "status": {"phase": "Running", "podIP": ip,
                        "conditions": [{"type": "Ready", "status": "True"}]},
         }))
@@ -960,6 +1057,7 @@ mod tests {
             busy: 0,
             answered: true,
             at: observed,
+            polls_counted_before: None,
         };
         let mut work = Work {
             pods: Vec::new(),
@@ -971,7 +1069,7 @@ mod tests {
         };
         let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
         assert_eq!(decided, (1, false), "the pod is kept");
-        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(sidecar.asked(), 2);
         assert!(
             observed.elapsed() >= scaling::QUEUE_SETTLE,
             "asked again only once the read had settled"

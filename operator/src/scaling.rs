@@ -29,6 +29,8 @@ pub struct BusyPod {
     pub busy: i64,
     /// When the pod was asked.
     pub asked: Instant,
+    /// Its figure counts every task a poll sent before this brought ([`crate::slots::Figure`]).
+    polls_counted_before: Option<Instant>,
     /// Its `controller.kubernetes.io/pod-deletion-cost` now.
     cost: Option<String>,
     /// Its sidecar answered (a pod that does not counts as fully busy).
@@ -44,6 +46,7 @@ impl BusyPod {
             ip,
             busy: figure.busy,
             asked: figure.at,
+            polls_counted_before: figure.polls_counted_before,
             cost: cost_now(ctx, pod),
             answered: figure.answered,
             ready: is_ready(pod),
@@ -54,6 +57,18 @@ impl BusyPod {
         self.busy = figure.busy;
         self.answered = figure.answered;
         self.asked = figure.at;
+        self.polls_counted_before = figure.polls_counted_before;
+    }
+
+    /// Whether the figure counts every task the pod took from the queue that `read` saw, and
+    /// was taken since `observed`: the pod said so, or, for a sidecar that does not say, was
+    /// asked [`QUEUE_SETTLE`] after the read.
+    fn confirms(&self, read: Instant, observed: Instant) -> bool {
+        let counted = match self.polls_counted_before {
+            Some(before) => before >= read,
+            None => self.asked >= read + QUEUE_SETTLE,
+        };
+        counted && self.asked >= observed
     }
 }
 
@@ -218,13 +233,19 @@ fn ranked(pods: &[BusyPod]) -> Vec<usize> {
     ranked
 }
 
-/// The pods a scale-in by `count` would remove whose figures were taken before `since`: those
-/// it asks again before acting (ADR 0030).
-pub fn unconfirmed_removals(pods: &[BusyPod], count: usize, since: Instant) -> Vec<usize> {
+/// The pods a scale-in by `count` would remove whose figures were taken before the reconcile
+/// began to look (`observed`) or may miss a task taken from the queue `read`: those it asks
+/// again before acting (ADR 0030, ADR 0033).
+pub fn unconfirmed_removals(
+    pods: &[BusyPod],
+    count: usize,
+    read: Instant,
+    observed: Instant,
+) -> Vec<usize> {
     ranked(pods)
         .into_iter()
         .take(count)
-        .filter(|&i| pods[i].asked < since)
+        .filter(|&i| !pods[i].confirms(read, observed))
         .collect()
 }
 
@@ -489,12 +510,13 @@ pub async fn queued(
     }
 }
 
-/// How long after a queue read a pod's busy figure must be taken for a scale-in to trust the
-/// two together. Conductor takes a task off the queue when a pod polls, and the pod counts it
-/// busy only once the poll's answer arrives: a figure taken in between shows the task in
-/// neither. The window is Conductor's answer time: milliseconds on a quiet server, over a
-/// second on a loaded one. A pod scaled in within it despite this still finishes the attempt
-/// in its grace period, or Conductor retries it.
+/// How long after a queue read the busy figure of a pod that does not say which polls it
+/// counts (a sidecar older than ADR 0033) must be taken for a scale-in to trust the two
+/// together. Conductor takes a task off the queue when a pod polls, and the pod counts it busy
+/// only once the poll's answer arrives: a figure taken in between shows the task in neither.
+/// The window is Conductor's answer time: milliseconds on a quiet server, over a second on a
+/// loaded one. A pod scaled in within it despite this still finishes the attempt in its grace
+/// period, or Conductor retries it.
 pub const QUEUE_SETTLE: Duration = Duration::from_secs(2);
 
 /// Would the work now queued (plus what the task last ran) need more pods than it has, or
@@ -742,6 +764,7 @@ mod tests {
             name: name.into(),
             ip: String::new(),
             asked: Instant::now(),
+            polls_counted_before: Some(Instant::now()),
             busy,
             cost: None,
             answered,
@@ -794,6 +817,7 @@ mod tests {
     #[test]
     fn a_scale_in_asks_again_only_the_pods_it_would_remove() {
         let observed = Instant::now();
+        let read = observed - Duration::from_millis(5);
         let old = |mut pod: BusyPod| {
             pod.asked = observed - Duration::from_secs(30);
             pod
@@ -806,23 +830,35 @@ mod tests {
             old(pod("e", 2, true, true)),
         ];
         assert_eq!(
-            unconfirmed_removals(&pods, 2, observed),
+            unconfirmed_removals(&pods, 2, read, observed),
             [0],
             "a and b would go; b was asked during this reconcile"
         );
-        assert!(unconfirmed_removals(&pods, 0, observed).is_empty());
+        assert!(unconfirmed_removals(&pods, 0, read, observed).is_empty());
         // a answers busy: the next pod in line, d, is the one to ask next.
+        let now = Instant::now();
         pods[0].update(crate::slots::Figure {
             busy: 2,
             answered: true,
-            at: Instant::now(),
+            at: now,
+            polls_counted_before: Some(now),
         });
-        assert_eq!(unconfirmed_removals(&pods, 2, observed), [3]);
+        assert_eq!(unconfirmed_removals(&pods, 2, read, observed), [3]);
         assert_eq!(
-            unconfirmed_removals(&pods, 5, observed),
+            unconfirmed_removals(&pods, 5, read, observed),
             [3, 2, 4],
             "every pod but those asked since"
         );
+
+        // b was asked since, but a poll it sent before the read may not be counted yet.
+        pods[1].polls_counted_before = Some(read - Duration::from_millis(1));
+        assert_eq!(unconfirmed_removals(&pods, 1, read, observed), [1]);
+        // A sidecar that does not say which polls it counts: trusted once asked
+        // QUEUE_SETTLE after the read.
+        pods[1].polls_counted_before = None;
+        assert_eq!(unconfirmed_removals(&pods, 1, read, observed), [1]);
+        pods[1].asked = read + QUEUE_SETTLE;
+        assert!(unconfirmed_removals(&pods, 1, read, observed).is_empty());
     }
 
     #[test]

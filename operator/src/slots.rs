@@ -29,6 +29,9 @@ pub struct Figure {
     pub answered: bool,
     /// When it was asked.
     pub at: Instant,
+    /// Every task a poll sent before this instant brought is counted in `busy`, as the pod
+    /// said (ADR 0033). `None`: the pod did not say (a sidecar older than the operator).
+    pub polls_counted_before: Option<Instant>,
 }
 
 /// The figures of the running executor pods, by `namespace/name`.
@@ -103,38 +106,73 @@ fn address(pod: &Pod) -> Option<String> {
 
 /// Ask `pod` now how many of its `slots` are busy, and write the answer in the book. A pod that
 /// does not answer counts as fully busy, so that a slow or unreachable sidecar never makes the
-/// operator remove pods that may be working (ADR 0009).
-async fn ask(ctx: &Context, pod: String, ip: &str, slots: i64, purpose: Purpose) -> Figure {
+/// operator remove pods that may be working (ADR 0009). With `read`, the pod answers once every
+/// poll it sent before that queue read has been answered (ADR 0033).
+async fn ask(
+    ctx: &Context,
+    pod: String,
+    ip: &str,
+    slots: i64,
+    purpose: Purpose,
+    read: Option<Instant>,
+) -> Figure {
     let url = format!("http://{ip}:{}/slots", ctx.slots_port);
     let answer = async {
         // Closed only when the process ends; a failed acquire is not an answer either.
         let _permit = ctx.probes.acquire().await;
-        let response = ctx.pods_http.get(&url).send().await?;
-        response
+        let sent = Instant::now();
+        let mut request = ctx.pods_http.get(&url);
+        if let Some(read) = read {
+            // Rounded down: the pod counts polls from a little after the read, never before.
+            let older_than = sent.saturating_duration_since(read).as_millis();
+            request = request
+                .query(&[("countPollsOlderThanMs", older_than)])
+                .timeout(SETTLED_ASK_TIMEOUT);
+        }
+        let response = request.send().await?;
+        let value = response
             .error_for_status()?
             .json::<serde_json::Value>()
-            .await
+            .await?;
+        Ok::<_, reqwest::Error>((value, sent))
     };
-    let (busy, answered) = match answer.await {
-        Ok(v) => (v["busy"].as_i64().unwrap_or(slots), true),
+    let figure = match answer.await {
+        Ok((v, sent)) => Figure {
+            busy: v["busy"].as_i64().unwrap_or(slots),
+            answered: true,
+            at: Instant::now(),
+            polls_counted_before: v["pollsCountedOlderThanMs"]
+                .as_u64()
+                .map(|ms| sent.checked_sub(Duration::from_millis(ms)).unwrap_or(sent)),
+        },
         Err(e) => {
             tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
-            (slots, false)
+            let at = Instant::now();
+            // Fully busy is the most a poll could have added.
+            Figure {
+                busy: slots,
+                answered: false,
+                at,
+                polls_counted_before: Some(at),
+            }
         }
     };
-    let outcome = if answered { "answered" } else { "unanswered" };
+    let outcome = if figure.answered {
+        "answered"
+    } else {
+        "unanswered"
+    };
     ctx.metrics
         .slot_probes
         .with_label_values(&[outcome, purpose.label()])
         .inc();
-    let figure = Figure {
-        busy,
-        answered,
-        at: Instant::now(),
-    };
     ctx.slots.put(pod, figure);
     figure
 }
+
+/// How long a pod asked to count its polls may take to answer: the client's second for the
+/// answer, beside the sidecar's own limit on the wait (2 s).
+const SETTLED_ASK_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The task's running pods and their busy slots: from the book, asking only the pods it has no
 /// figure of (new pods) or a figure older than two census periods (a census that fell behind).
@@ -144,21 +182,31 @@ pub async fn busy_pods(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>]) -> V
     futures_util::future::join_all(running.map(|(pod, ip)| async move {
         let figure = match ctx.slots.get(&key(pod)) {
             Some(figure) if figure.at.elapsed() < 2 * ctx.resync => figure,
-            _ => ask(ctx, key(pod), &ip, slots, Purpose::Reconcile).await,
+            _ => ask(ctx, key(pod), &ip, slots, Purpose::Reconcile, None).await,
         };
         BusyPod::new(ctx, pod, ip, figure)
     }))
     .await
 }
 
-/// Ask the pods `which` of `pods` again, now, and update them with their answers.
-pub async fn ask_again(ctx: &Context, task: &PeragoTask, pods: &mut [BusyPod], which: &[usize]) {
+/// Ask the pods `which` of `pods` again, now, to count every task their polls took before the
+/// queue `read`, and update them with their answers.
+pub async fn ask_again(
+    ctx: &Context,
+    task: &PeragoTask,
+    pods: &mut [BusyPod],
+    which: &[usize],
+    read: Instant,
+) {
     let slots = i64::from(task.spec.executor.slots);
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     let asks = which.iter().filter_map(|&i| {
         let pod = pods.get(i)?;
         let (key, ip) = (format!("{ns}/{}", pod.name), pod.ip.clone());
-        Some(async move { (i, ask(ctx, key, &ip, slots, Purpose::ScaleIn).await) })
+        Some(async move {
+            let figure = ask(ctx, key, &ip, slots, Purpose::ScaleIn, Some(read)).await;
+            (i, figure)
+        })
     });
     for (i, figure) in futures_util::future::join_all(asks).await {
         if let Some(pod) = pods.get_mut(i) {
@@ -238,7 +286,7 @@ pub async fn census(ctx: Arc<Context>, wake: Wake) {
                 };
                 let before = ctx.slots.get(&pod);
                 let slots = i64::from(task.spec.executor.slots);
-                let after = ask(ctx, pod, &ip, slots, Purpose::Census).await;
+                let after = ask(ctx, pod, &ip, slots, Purpose::Census, None).await;
                 let went_idle = before.is_some_and(|b| b.busy > 0) && after.busy == 0;
                 (went_idle && scale_in_may_follow(ctx, &task)).then(|| ObjectRef::from_obj(&*task))
             }

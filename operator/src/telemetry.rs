@@ -25,6 +25,9 @@ pub struct Metrics {
     pub slot_probes: IntCounterVec,
     /// Deletion-cost annotations written on executor pods before scale-ins.
     pub deletion_cost_writes: IntCounter,
+    /// From the queue read an autoscaling decision was made with to its `/scale` write
+    /// answered, by direction (up, down).
+    pub scale_seconds: HistogramVec,
     /// ConfigMap and Deployment applies made, and skipped because the live object held them.
     applies: IntCounterVec,
     pub leader: IntGauge,
@@ -93,6 +96,18 @@ impl Metrics {
             "perago_operator_deletion_cost_writes_total",
             "Deletion-cost annotations written (set or removed) on executor pods before scale-ins.",
         )?;
+        let scale_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "perago_operator_scale_seconds",
+                "Seconds from the Conductor queue read an autoscaling decision was made with to \
+                 its /scale write answered, by direction (up, down): the operator's part of \
+                 following a queue, after the wait for the read (queuePollSeconds).",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+            ]),
+            &["direction"],
+        )?;
         let applies = IntCounterVec::new(
             Opts::new(
                 "perago_operator_applies_total",
@@ -137,6 +152,7 @@ impl Metrics {
         registry.register(Box::new(conductor_calls.clone()))?;
         registry.register(Box::new(slot_probes.clone()))?;
         registry.register(Box::new(deletion_cost_writes.clone()))?;
+        registry.register(Box::new(scale_seconds.clone()))?;
         registry.register(Box::new(applies.clone()))?;
         registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(leadership_lost.clone()))?;
@@ -151,6 +167,7 @@ impl Metrics {
             conductor_calls,
             slot_probes,
             deletion_cost_writes,
+            scale_seconds,
             applies,
             leader,
             leadership_lost,

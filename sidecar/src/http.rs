@@ -7,7 +7,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
 use axum::routing::get;
 use tokio::sync::watch;
 
@@ -37,12 +39,41 @@ impl perago_telemetry::Observed for Shared {
     }
 }
 
-/// `{"slots": N, "busy": M, "stopping": bool}`.
-async fn slots(State(s): State<Shared>) -> axum::Json<serde_json::Value> {
+/// The longest a `/slots` request waits for polls to be answered: above one long poll
+/// (`PERAGO_POLL_TIMEOUT_MS`, at most 5 s) only on a Conductor that answers slowly, and the
+/// operator then asks again later.
+pub const POLLS_WAIT_LIMIT: Duration = Duration::from_secs(2);
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlotsQuery {
+    /// Answer once every poll sent this long before the request arrived has been answered.
+    count_polls_older_than_ms: Option<u64>,
+}
+
+/// `{"slots": N, "busy": M, "stopping": bool, "pollsCountedOlderThanMs": S}`: every task that
+/// a poll sent more than S ms before the request arrived brought is counted in `busy` (0: every
+/// poll sent before it). With `?countPollsOlderThanMs=D` the answer waits, up to
+/// [`POLLS_WAIT_LIMIT`], until that holds for D (ADR 0033).
+async fn slots(
+    State(s): State<Shared>,
+    Query(query): Query<SlotsQuery>,
+) -> axum::Json<serde_json::Value> {
+    let arrived = Instant::now();
+    if let Some(cutoff) = query
+        .count_polls_older_than_ms
+        .and_then(|ms| arrived.checked_sub(Duration::from_millis(ms)))
+    {
+        s.hub.polls_answered(cutoff, POLLS_WAIT_LIMIT).await;
+    }
+    let (busy, uncounted) = s.hub.busy_and_uncounted_polls(arrived);
+    // Rounded up: the claim covers a little less than measured, never more.
+    let uncounted_ms = uncounted.as_micros().div_ceil(1000);
     axum::Json(serde_json::json!({
         "slots": s.metrics.slots.get(),
-        "busy": s.metrics.slots_busy.get(),
+        "busy": busy,
         "stopping": *s.stopping.borrow(),
+        "pollsCountedOlderThanMs": uncounted_ms,
     }))
 }
 

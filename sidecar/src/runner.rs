@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -73,7 +73,18 @@ struct State {
     /// Those of `reserved` whose poll brought a task: busy in the metrics and on `/slots`, so
     /// that the operator never takes a pod preparing an attempt for an idle one.
     taken: std::collections::HashSet<String>,
+    /// Those of `reserved` whose poll is still in flight, and when their slots were leased
+    /// for it (before the poll was sent).
+    polling: HashMap<String, Instant>,
     waiting: HashMap<String, Waiter>,
+}
+
+impl State {
+    /// Busy slots as `/slots` and the metrics count them: leased, but not for a poll in flight.
+    fn busy(&self) -> usize {
+        let leased = self.busy.iter().filter(|b| b.is_some()).count();
+        leased.saturating_sub(self.polling.len())
+    }
 }
 
 pub struct RunnerHub {
@@ -105,10 +116,35 @@ impl RunnerHub {
     }
 
     fn bump(&self, state: &State) {
-        let busy = state.busy.iter().filter(|b| b.is_some()).count();
-        let polling = state.reserved.len().saturating_sub(state.taken.len());
-        self.metrics.set_busy(busy.saturating_sub(polling));
+        self.metrics.set_busy(state.busy());
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// The busy slots now, and how long before `arrived` the oldest poll still in flight was
+    /// sent (zero when every poll sent before `arrived` has been answered): every poll sent
+    /// earlier than that has been answered and what it brought is counted busy.
+    pub fn busy_and_uncounted_polls(&self, arrived: Instant) -> (usize, Duration) {
+        let state = self.lock();
+        let oldest = state.polling.values().min().copied();
+        let uncounted = oldest.map_or(Duration::ZERO, |sent| {
+            arrived.saturating_duration_since(sent)
+        });
+        (state.busy(), uncounted)
+    }
+
+    /// Wait until every poll sent before `cutoff` has been answered and counted, for at most
+    /// `limit`. A scale-in asks this of the pods it would remove: Conductor takes a task off
+    /// its queue when a poll arrives, and the pod counts it busy only once the answer is back,
+    /// so a figure taken in between shows the task neither queued nor running (ADR 0033).
+    pub async fn polls_answered(&self, cutoff: Instant, limit: Duration) {
+        let mut changes = self.subscribe();
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.lock().polling.values().any(|sent| *sent < cutoff) {
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
     }
 
     /// Subscribe to availability changes.
@@ -137,6 +173,9 @@ impl RunnerHub {
         let index = state.busy.iter().position(Option::is_none)?;
         state.busy[index] = Some(execution_id.to_owned());
         state.reserved.insert(execution_id.to_owned());
+        state
+            .polling
+            .insert(execution_id.to_owned(), Instant::now());
         let lease = Lease {
             slot: u32::try_from(index + 1).unwrap_or(u32::MAX),
             generation: state.generation,
@@ -152,6 +191,7 @@ impl RunnerHub {
         let mut state = self.lock();
         if state.reserved.contains(execution_id) {
             state.taken.insert(execution_id.to_owned());
+            state.polling.remove(execution_id);
             self.bump(&state);
         }
     }
@@ -165,6 +205,7 @@ impl RunnerHub {
         }
         state.reserved.remove(execution_id);
         state.taken.remove(execution_id);
+        state.polling.remove(execution_id);
         state.waiting.remove(execution_id);
         Self::close_if_drained(&mut state);
         self.bump(&state);
@@ -202,6 +243,7 @@ impl RunnerHub {
         let sender = state.sender.clone().ok_or(GenerationGone)?;
         state.reserved.remove(execution_id);
         state.taken.remove(execution_id);
+        state.polling.remove(execution_id);
         let (tx, rx) = oneshot::channel();
         state
             .waiting
@@ -543,6 +585,81 @@ mod tests {
         let (generation, _) = hub.connect(tx);
         hub.drain(generation);
         assert!(rx.recv().await.is_none());
+    }
+
+    /// `/slots?countPollsOlderThanMs=D` answers once the polls sent D ms before it arrived
+    /// are answered, counting what they brought; a plain `/slots` answers at once and says how
+    /// far back its count holds.
+    #[tokio::test]
+    async fn slots_wait_for_older_polls_and_count_what_they_brought() {
+        let hub = hub(2);
+        let (tx, _rx) = mpsc::unbounded_channel();
+        hub.connect(tx);
+        let (_stop_tx, stop) = watch::channel(false);
+        let address = crate::http::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::clone(&hub.metrics),
+            Arc::clone(&hub),
+            stop,
+        )
+        .await
+        .unwrap();
+        let get = |query: &'static str| async move {
+            let url = format!("http://{address}/slots{query}");
+            let answer = reqwest::get(url).await.unwrap();
+            answer.json::<serde_json::Value>().await.unwrap()
+        };
+
+        let idle = get("?countPollsOlderThanMs=0").await;
+        assert_eq!(
+            (
+                idle["busy"].as_u64(),
+                idle["pollsCountedOlderThanMs"].as_u64()
+            ),
+            (Some(0), Some(0))
+        );
+
+        let polled = hub.lease("polled").unwrap();
+        let unused = hub.lease("unused").unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let plain = get("").await;
+        assert_eq!(plain["busy"], 0, "a poll in flight is not busy");
+        assert!(
+            plain["pollsCountedOlderThanMs"].as_u64().unwrap() >= 30,
+            "the poll sent 30 ms before is not counted yet: {plain}"
+        );
+
+        let settled = tokio::spawn(get("?countPollsOlderThanMs=0"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!settled.is_finished(), "waits for the poll in flight");
+        hub.release(unused, "unused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !settled.is_finished(),
+            "one poll's lease answered, the other not yet"
+        );
+        hub.took("polled");
+        let settled = settled.await.unwrap();
+        assert_eq!(
+            settled["busy"], 1,
+            "what the poll brought is counted: {settled}"
+        );
+        assert_eq!(settled["pollsCountedOlderThanMs"], 0);
+
+        // A poll that outlasts the wait: the answer says so rather than claim it.
+        hub.release(polled, "polled");
+        let _late = hub.lease("late").unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = std::time::Instant::now();
+        let waited = get("?countPollsOlderThanMs=0").await;
+        assert!(started.elapsed() >= crate::http::POLLS_WAIT_LIMIT);
+        assert!(
+            waited["pollsCountedOlderThanMs"].as_u64().unwrap() >= 10,
+            "{waited}"
+        );
+        // A poll sent after the cutoff is not waited for.
+        let recent = get("?countPollsOlderThanMs=60000").await;
+        assert_eq!(recent["busy"], 0);
     }
 
     #[tokio::test]
