@@ -463,16 +463,18 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
     let cost_writes = after.cost_writes - before.cost_writes;
     let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
-        "  {title}: operator CPU {:.1} s; reconciles {} ({:.0} ms each on average), of a change: {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
-         deletion-cost writes {cost_writes:.0}\n    scaled, from the queue read decided on: {}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
+        "  {title}: operator CPU {:.1} s, memory {:.1} MiB (peak so far {:.1} MiB); reconciles {} ({:.0} ms each on average), of a change: {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
+         deletion-cost writes {cost_writes:.0}\n    scaled, from the queue read decided on to the /scale, Deployment and status written: {}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
         after.cpu - before.cpu,
+        rss_mib("perago-operator"),
+        peak_rss_mib("perago-operator"),
         listed(&delta(&before.reconciles, &after.reconciles)),
         mean_reconcile_ms(before, after),
         within("waited", &delta(&before.waits, &after.waits)),
-        within("written", &delta(&before.scales, &after.scales)),
         per_task(writes),
         per_task(conductor_calls),
         per_task(probes),
+        within("written", &delta(&before.scales, &after.scales)),
         listed(&purposes),
         if cost_writes > 0.0 {
             format!(

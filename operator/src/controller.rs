@@ -283,6 +283,8 @@ struct Work {
     queue_read: std::time::Instant,
     /// When the reconcile began to look: a pod asked since has a figure of now.
     observed: std::time::Instant,
+    /// The direction of the `/scale` write this reconcile made, if it made one.
+    scaled: Option<&'static str>,
 }
 
 async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, Error> {
@@ -300,6 +302,7 @@ async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, E
         queued,
         queue_read,
         observed,
+        scaled: None,
     })
 }
 
@@ -392,6 +395,12 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         }
     }
     patch_status(ctx, &api, &task, status::observed(&old, &seen)).await?;
+    if let Some(direction) = work.scaled {
+        ctx.metrics
+            .scale_seconds
+            .with_label_values(&[direction])
+            .observe(work.queue_read.elapsed().as_secs_f64());
+    }
     Ok(Action::requeue(if scale_in_deferred {
         scaling::SCALE_IN_AFTER_COSTS
     } else if rolled_out {
@@ -512,11 +521,7 @@ async fn scale(
         &Patch::Merge(json!({"spec": {"replicas": next}})),
     )
     .await?;
-    let direction = if next > replicas { "up" } else { "down" };
-    ctx.metrics
-        .scale_seconds
-        .with_label_values(&[direction])
-        .observe(work.queue_read.elapsed().as_secs_f64());
+    work.scaled = Some(if next > replicas { "up" } else { "down" });
     scaling::wrote_scale(ctx, task, next);
     let reason = scaling::reason(queued, running, auto, next);
     info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
@@ -863,6 +868,7 @@ mod tests {
             queued: 0,
             queue_read: std::time::Instant::now() - scaling::QUEUE_SETTLE,
             observed: std::time::Instant::now(),
+            scaled: None,
         };
         let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
         assert_eq!(decided, (1, true), "the scale-in waits");
@@ -916,6 +922,7 @@ mod tests {
                 queued: 0,
                 queue_read: long_ago,
                 observed: std::time::Instant::now(),
+                scaled: None,
             }
         };
         let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
@@ -1011,6 +1018,7 @@ mod tests {
                 queued: 0,
                 queue_read: observed,
                 observed,
+                scaled: None,
             }
         };
         let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
@@ -1066,6 +1074,7 @@ mod tests {
             queued: 0,
             queue_read: observed,
             observed,
+            scaled: None,
         };
         let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
         assert_eq!(decided, (1, false), "the pod is kept");
@@ -1123,6 +1132,7 @@ mod tests {
             queued,
             queue_read: std::time::Instant::now(),
             observed: std::time::Instant::now(),
+            scaled: None,
         };
         let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
         let decided = scale(&ctx, &tasks, &task, &mut work(1)).await.unwrap();

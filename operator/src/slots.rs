@@ -143,7 +143,7 @@ async fn ask(
             at: Instant::now(),
             polls_counted_before: v["pollsCountedOlderThanMs"]
                 .as_u64()
-                .map(|ms| sent.checked_sub(Duration::from_millis(ms)).unwrap_or(sent)),
+                .and_then(|ms| sent.checked_sub(Duration::from_millis(ms))),
         },
         Err(e) => {
             tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");

@@ -25,8 +25,8 @@ pub struct Metrics {
     pub slot_probes: IntCounterVec,
     /// Deletion-cost annotations written on executor pods before scale-ins.
     pub deletion_cost_writes: IntCounter,
-    /// From the queue read an autoscaling decision was made with to its `/scale` write
-    /// answered, by direction (up, down).
+    /// From the queue read an autoscaling decision was made with to the task's `/scale`,
+    /// Deployment and status written with it, by direction (up, down).
     pub scale_seconds: HistogramVec,
     /// ConfigMap and Deployment applies made, and skipped because the live object held them.
     applies: IntCounterVec,
@@ -100,8 +100,9 @@ impl Metrics {
             HistogramOpts::new(
                 "perago_operator_scale_seconds",
                 "Seconds from the Conductor queue read an autoscaling decision was made with to \
-                 its /scale write answered, by direction (up, down): the operator's part of \
-                 following a queue, after the wait for the read (queuePollSeconds).",
+                 the task's /scale, Deployment and status written with it, by direction (up, \
+                 down): the operator's part of following a queue, after the wait for the read \
+                 (queuePollSeconds).",
             )
             .buckets(vec![
                 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
