@@ -346,8 +346,10 @@ pub async fn mark_deletion_costs(ctx: &Context, ns: &str, pods: &[BusyPod], coun
         let name = name.to_owned();
         async move {
             let patch = json!({"metadata": {"annotations": {DELETION_COST: cost}}});
+            // Only the metadata comes back: thousands of whole pods at once in a wave of
+            // scale-ins would be most of the operator's memory.
             let written = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await;
             match written {
                 Ok(_) => {
