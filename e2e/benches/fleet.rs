@@ -329,6 +329,9 @@ struct Counters {
     /// `direction/le`: the operator's `/scale` writes answered within `le` seconds of the
     /// queue read they were decided with (`perago_operator_scale_seconds`).
     scales: BTreeMap<String, f64>,
+    /// `read/le`: the operator's reads of the queue sizes that took at most `le` seconds
+    /// (`perago_operator_queue_read_seconds`).
+    queue_reads: BTreeMap<String, f64>,
     conductor: BTreeMap<String, f64>,
     /// `verb/resource/subresource` on the resources of the reconcile.
     apiserver: BTreeMap<String, f64>,
@@ -413,6 +416,14 @@ async fn counters(client: &kube::Client, fleet: &Fleet, operator_metrics: &str) 
             "perago_operator_scale_seconds_bucket",
             &["direction", "le"],
         ),
+        queue_reads: counter_by(
+            &operator,
+            "perago_operator_queue_read_seconds_bucket",
+            &["le"],
+        )
+        .into_iter()
+        .map(|(le, n)| (format!("reads/{le}"), n))
+        .collect(),
         conductor: counter_by(
             &operator,
             "perago_operator_conductor_calls_total",
@@ -464,7 +475,7 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
     let scale_in_probes = purposes.get("scale-in").copied().unwrap_or(0.0);
     println!(
         "  {title}: operator CPU {:.1} s, memory {:.1} MiB (peak so far {:.1} MiB); reconciles {} ({:.0} ms each on average), of a change: {}; per task: {:.2} operator writes, {:.2} Conductor calls, {:.2} /slots probes; \
-         deletion-cost writes {cost_writes:.0}\n    scaled, from the queue read decided on to the /scale, Deployment and status written: {}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
+         deletion-cost writes {cost_writes:.0}\n    scaled, from the queue read decided on to the /scale, Deployment and status written: {}; the queue reads: {}\n    /slots probes by purpose: {}{}\n    apiserver: {}; answered: {}\n    Conductor: {}",
         after.cpu - before.cpu,
         rss_mib("perago-operator"),
         peak_rss_mib("perago-operator"),
@@ -475,6 +486,7 @@ fn print_wave(title: &str, before: &Counters, after: &Counters, tasks: usize) {
         per_task(conductor_calls),
         per_task(probes),
         within("written", &delta(&before.scales, &after.scales)),
+        within("answered", &delta(&before.queue_reads, &after.queue_reads)),
         listed(&purposes),
         if cost_writes > 0.0 {
             format!(

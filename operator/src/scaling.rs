@@ -561,7 +561,15 @@ pub async fn watch_queues(ctx: Arc<Context>, wake: crate::scope::Wake) {
         }
         let reads = by_conductor.into_iter().map(|(base, tasks)| {
             let ctx = &ctx;
-            async move { (ctx.conductor.at(&base).queue_sizes().await, base, tasks) }
+            async move {
+                let started = Instant::now();
+                let sizes = ctx.conductor.at(&base).queue_sizes().await;
+                ctx.metrics
+                    .queue_read_seconds
+                    .with_label_values::<&str>(&[])
+                    .observe(started.elapsed().as_secs_f64());
+                (sizes, base, tasks)
+            }
         });
         let now = Instant::now();
         let keys: HashSet<String> = ctx.tasks.state().iter().map(|t| task_key(t)).collect();

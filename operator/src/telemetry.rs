@@ -25,6 +25,8 @@ pub struct Metrics {
     pub slot_probes: IntCounterVec,
     /// Deletion-cost annotations written on executor pods before scale-ins.
     pub deletion_cost_writes: IntCounter,
+    /// How long each read of a Conductor's queue sizes by the queue watch took.
+    pub queue_read_seconds: HistogramVec,
     /// From the queue read an autoscaling decision was made with to the task's `/scale`,
     /// Deployment and status written with it, by direction (up, down).
     pub scale_seconds: HistogramVec,
@@ -96,6 +98,17 @@ impl Metrics {
             "perago_operator_deletion_cost_writes_total",
             "Deletion-cost annotations written (set or removed) on executor pods before scale-ins.",
         )?;
+        let queue_read_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "perago_operator_queue_read_seconds",
+                "Seconds per read of a Conductor's queue sizes by the queue watch (every \
+                 queuePollSeconds), answered or not.",
+            )
+            .buckets(vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0,
+            ]),
+            &[],
+        )?;
         let scale_seconds = HistogramVec::new(
             HistogramOpts::new(
                 "perago_operator_scale_seconds",
@@ -154,6 +167,7 @@ impl Metrics {
         registry.register(Box::new(slot_probes.clone()))?;
         registry.register(Box::new(deletion_cost_writes.clone()))?;
         registry.register(Box::new(scale_seconds.clone()))?;
+        registry.register(Box::new(queue_read_seconds.clone()))?;
         registry.register(Box::new(applies.clone()))?;
         registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(leadership_lost.clone()))?;
@@ -169,6 +183,7 @@ impl Metrics {
             slot_probes,
             deletion_cost_writes,
             scale_seconds,
+            queue_read_seconds,
             applies,
             leader,
             leadership_lost,
