@@ -784,17 +784,18 @@ mod tests {
 
     /// A `/slots` endpoint at `ip` and `port` (0: any) that answers idle, counting every poll.
     async fn idle_sidecar(ip: &str, port: u16) -> Sidecar {
-        sidecar_answering(ip, port, &[0], true).await
+        sidecar_answering(ip, port, &[0], Some(0)).await
     }
 
     /// A `/slots` endpoint at `ip` and `port` (0: any) whose `n`th answer has `busy[n]` busy
-    /// slots (the last one from then on), and says it counts every poll when `counts_polls`
-    /// (a sidecar older than ADR 0033 does not say).
+    /// slots (the last one from then on), and says that polls sent `uncounted` ms before
+    /// the request may not be counted (`None`: says nothing, as a sidecar older than
+    /// ADR 0033).
     async fn sidecar_answering(
         ip: &str,
         port: u16,
         busy: &'static [i64],
-        counts_polls: bool,
+        uncounted: Option<u64>,
     ) -> Sidecar {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind((ip, port))
@@ -815,10 +816,9 @@ mod tests {
                     seen.len() - 1
                 };
                 let busy = busy[n.min(busy.len() - 1)];
-                let body = if counts_polls {
-                    format!(r#"{{"busy":{busy},"pollsCountedOlderThanMs":0}}"#)
-                } else {
-                    format!(r#"{{"busy":{busy}}}"#)
+                let body = match uncounted {
+                    Some(ms) => format!(r#"{{"busy":{busy},"pollsCountedOlderThanMs":{ms}}}"#),
+                    None => format!(r#"{{"busy":{busy}}}"#),
                 };
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -1052,7 +1052,7 @@ mod tests {
             "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
         ));
         let ip = "127.86.34.1";
-        let sidecar = sidecar_answering(ip, 0, &[0, 1], false).await;
+        let sidecar = sidecar_answering(ip, 0, &[0, 1], None).await;
         Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p-a", "namespace": "default"},
@@ -1083,6 +1083,46 @@ mod tests {
             observed.elapsed() >= scaling::QUEUE_SETTLE,
             "asked again only once the read had settled"
         );
+    }
+
+    /// A pod whose poll from before the queue read has still not come back when asked twice
+    /// (a Conductor slower than the sidecar's wait) defers the scale-in to a later pass, with
+    /// a new read, and nothing is written.
+    #[tokio::test]
+    async fn a_scale_in_waits_for_a_pod_whose_old_poll_is_still_in_flight() {
+        let (mut ctx, _api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let ip = "127.86.36.1";
+        let sidecar = sidecar_answering(ip, 0, &[0], Some(5_000)).await;
+        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p-a", "namespace": "default"},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let observed = std::time::Instant::now();
+        let idle = slots::Figure {
+            busy: 0,
+            answered: true,
+            at: observed,
+            polls_counted_before: None,
+        };
+        let mut work = Work {
+            pods: Vec::new(),
+            busy: vec![scaling::BusyPod::new(&ctx, &pod, ip.into(), idle)],
+            running: 0,
+            queued: 0,
+            queue_read: observed,
+            observed,
+            scaled: None,
+        };
+        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
+        assert_eq!(decided, (1, true), "the scale-in waits");
+        assert_eq!(sidecar.asked(), 2);
     }
 
     /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch
