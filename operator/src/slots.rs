@@ -170,9 +170,10 @@ async fn ask(
     figure
 }
 
-/// How long a pod asked to count its polls may take to answer: the client's second for the
-/// answer, beside the sidecar's own limit on the wait (2 s).
-const SETTLED_ASK_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long a pod asked to count its polls may take to answer: the sidecar waits at most one
+/// long poll (5 s at most, as Conductor allows) and 2 s more, and the client's second for the
+/// answer comes on top.
+const SETTLED_ASK_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The task's running pods and their busy slots: from the book, asking only the pods it has no
 /// figure of (new pods) or a figure older than two census periods (a census that fell behind).

@@ -143,6 +143,7 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         Arc::clone(&metrics),
         Arc::clone(&hub),
         stop.clone(),
+        checked.poll_wait + crate::http::POLLS_WAIT_MARGIN,
     )
     .await
     .map_err(|e| StartError(format!("listening on {} failed: {e}", settings.http_addr)))?;

@@ -21,6 +21,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     hub: Arc<RunnerHub>,
     stopping: watch::Receiver<bool>,
+    /// The longest a `/slots` request waits for polls to be answered.
+    polls_wait: Duration,
 }
 
 impl perago_telemetry::Observed for Shared {
@@ -39,10 +41,10 @@ impl perago_telemetry::Observed for Shared {
     }
 }
 
-/// The longest a `/slots` request waits for polls to be answered: above one long poll
-/// (`PERAGO_POLL_TIMEOUT_MS`, at most 5 s) only on a Conductor that answers slowly, and the
-/// operator then asks again later.
-pub const POLLS_WAIT_LIMIT: Duration = Duration::from_secs(2);
+/// How much longer than one long poll (`PERAGO_POLL_TIMEOUT_MS`) a `/slots` request waits for
+/// polls to be answered: Conductor's answer time on a loaded server. Past it the answer says
+/// which polls it could not count, and the operator asks again later.
+pub const POLLS_WAIT_MARGIN: Duration = Duration::from_secs(2);
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,8 +55,8 @@ struct SlotsQuery {
 
 /// `{"slots": N, "busy": M, "stopping": bool, "pollsCountedOlderThanMs": S}`: every task that
 /// a poll sent more than S ms before the request arrived brought is counted in `busy` (0: every
-/// poll sent before it). With `?countPollsOlderThanMs=D` the answer waits, up to
-/// [`POLLS_WAIT_LIMIT`], until that holds for D (ADR 0033).
+/// poll sent before it). With `?countPollsOlderThanMs=D` the answer waits, up to one long poll
+/// and [`POLLS_WAIT_MARGIN`], until that holds for D (ADR 0033).
 async fn slots(
     State(s): State<Shared>,
     Query(query): Query<SlotsQuery>,
@@ -64,7 +66,7 @@ async fn slots(
         .count_polls_older_than_ms
         .and_then(|ms| arrived.checked_sub(Duration::from_millis(ms)))
     {
-        s.hub.polls_answered(cutoff, POLLS_WAIT_LIMIT).await;
+        s.hub.polls_answered(cutoff, s.polls_wait).await;
     }
     let (busy, uncounted) = s.hub.busy_and_uncounted_polls(arrived);
     // Rounded up: the claim covers a little less than measured, never more.
@@ -78,11 +80,13 @@ async fn slots(
 }
 
 /// Bind and serve in the background; returns the bound address (useful with port 0).
+/// `polls_wait`: the longest a `/slots` request waits for polls to be answered.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     hub: Arc<RunnerHub>,
     stopping: watch::Receiver<bool>,
+    polls_wait: Duration,
 ) -> std::io::Result<SocketAddr> {
     let app = perago_telemetry::router()
         .route("/slots", get(slots))
@@ -90,6 +94,7 @@ pub async fn serve(
             metrics,
             hub,
             stopping,
+            polls_wait,
         });
     perago_telemetry::serve(addr, app).await
 }
