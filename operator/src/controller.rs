@@ -412,9 +412,9 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 
 /// The replicas of this pass: the spec's (which an HPA or KEDA may drive through /scale), or
 /// for an autoscaled task the scaler's decision, written through /scale with an event and
-/// `status.lastScale`. A scale-in first sets the pods' deletion costs and is deferred (the
-/// flag) to a later pass: the ReplicaSet controller picks victims from its own cache of pods,
-/// which must already hold the new costs.
+/// `status.lastScale`. A scale-in to fewer pods, not to zero, first sets the pods' deletion
+/// costs and is deferred (the flag) to a later pass: the ReplicaSet controller picks victims
+/// from its own cache of pods, which must already hold the new costs.
 async fn scale(
     ctx: &Context,
     api: &Api<PeragoTask>,
@@ -900,19 +900,13 @@ mod tests {
                 .into_iter()
                 .zip(ips)
                 .map(|((name, busy), ip)| {
-                    let pod: Pod = serde_json::from_value(json!({
-                        "metadata": {"name": name, "namespace": "default"},
-                        "status": {"phase": "Running", "podIP": ip,
-                                   "conditions": [{"type": "Ready", "status": "True"}]},
-                    }))
-                    .unwrap();
                     let figure = slots::Figure {
                         busy,
                         answered: true,
                         at: long_ago,
                         polls_counted_before: Some(long_ago),
                     };
-                    scaling::BusyPod::new(ctx, &pod, ip.into(), figure)
+                    running_pod(ctx, name, ip, figure)
                 })
                 .collect();
             Work {
@@ -996,19 +990,13 @@ mod tests {
             let busy = [("p-a", ips[0]), ("p-b", ips[1])]
                 .into_iter()
                 .map(|(name, ip)| {
-                    let pod: Pod = serde_json::from_value(json!({
-                        "metadata": {"name": name, "namespace": "default"},
-                        "status": {"phase": "Running", "podIP": ip,
-                                   "conditions": [{"type": "Ready", "status": "True"}]},
-                    }))
-                    .unwrap();
                     let figure = slots::Figure {
                         busy: 0,
                         answered: true,
                         at: observed,
                         polls_counted_before: Some(observed - Duration::from_millis(1)),
                     };
-                    scaling::BusyPod::new(&ctx, &pod, ip.into(), figure)
+                    running_pod(&ctx, name, ip, figure)
                 })
                 .collect();
             Work {
@@ -1040,47 +1028,64 @@ mod tests {
         );
     }
 
+    /// A running, Ready executor pod `name` at `ip`, with `figure` from the book.
+    fn running_pod(ctx: &Context, name: &str, ip: &str, figure: slots::Figure) -> scaling::BusyPod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        scaling::BusyPod::new(ctx, &pod, ip.into(), figure)
+    }
+
+    /// [`scale_sending_nothing`] of a task whose one pod, at `ip`, was found idle just before
+    /// the queue read that shows the queue empty, without saying which polls it counted; its
+    /// `/slots` answers as [`sidecar_answering`] with `busy` and `uncounted`. The decision, the
+    /// sidecar, and when the queue was read.
+    async fn scale_in_of_one_pod(
+        ip: &str,
+        busy: &'static [i64],
+        uncounted: Option<u64>,
+    ) -> ((i32, bool), Sidecar, std::time::Instant) {
+        let (mut ctx, _api_server) = mocked_context();
+        let task = Arc::new(task(
+            "{name: t, namespace: default, uid: u-1, generation: 1}",
+            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
+        ));
+        let sidecar = sidecar_answering(ip, 0, busy, uncounted).await;
+        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
+        let read = std::time::Instant::now();
+        let idle = slots::Figure {
+            busy: 0,
+            answered: true,
+            at: read,
+            polls_counted_before: None,
+        };
+        let mut work = Work {
+            pods: Vec::new(),
+            busy: vec![running_pod(&ctx, "p-a", ip, idle)],
+            running: 0,
+            queued: 0,
+            queue_read: read,
+            observed: read,
+            scaled: None,
+        };
+        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
+        (decided, sidecar, read)
+    }
+
     /// A sidecar older than ADR 0033 does not say which polls it counts: a pod asked just
     /// after the queue read that shows its queue empty may have taken the queue's last task
     /// without counting it yet, so the scale-in asks it again once the read is
     /// [`scaling::QUEUE_SETTLE`] old, and keeps it when it then says it is busy.
     #[tokio::test]
     async fn a_scale_in_asks_an_older_sidecar_again_once_the_queue_read_has_settled() {
-        let (mut ctx, _api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let ip = "127.86.34.1";
-        let sidecar = sidecar_answering(ip, 0, &[0, 1], None).await;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p-a", "namespace": "default"},
-            "status": {"phase": "Running", "podIP": ip,
-                       "conditions": [{"type": "Ready", "status": "True"}]},
-        }))
-        .unwrap();
-        let observed = std::time::Instant::now();
-        let idle = slots::Figure {
-            busy: 0,
-            answered: true,
-            at: observed,
-            polls_counted_before: None,
-        };
-        let mut work = Work {
-            pods: Vec::new(),
-            busy: vec![scaling::BusyPod::new(&ctx, &pod, ip.into(), idle)],
-            running: 0,
-            queued: 0,
-            queue_read: observed,
-            observed,
-            scaled: None,
-        };
-        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
+        let (decided, sidecar, read) = scale_in_of_one_pod("127.86.34.1", &[0, 1], None).await;
         assert_eq!(decided, (1, false), "the pod is kept");
         assert_eq!(sidecar.asked(), 2);
         assert!(
-            observed.elapsed() >= scaling::QUEUE_SETTLE,
+            read.elapsed() >= scaling::QUEUE_SETTLE,
             "asked again only once the read had settled"
         );
     }
@@ -1090,37 +1095,7 @@ mod tests {
     /// a new read, and nothing is written.
     #[tokio::test]
     async fn a_scale_in_waits_for_a_pod_whose_old_poll_is_still_in_flight() {
-        let (mut ctx, _api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let ip = "127.86.36.1";
-        let sidecar = sidecar_answering(ip, 0, &[0], Some(5_000)).await;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p-a", "namespace": "default"},
-            "status": {"phase": "Running", "podIP": ip,
-                       "conditions": [{"type": "Ready", "status": "True"}]},
-        }))
-        .unwrap();
-        let observed = std::time::Instant::now();
-        let idle = slots::Figure {
-            busy: 0,
-            answered: true,
-            at: observed,
-            polls_counted_before: None,
-        };
-        let mut work = Work {
-            pods: Vec::new(),
-            busy: vec![scaling::BusyPod::new(&ctx, &pod, ip.into(), idle)],
-            running: 0,
-            queued: 0,
-            queue_read: observed,
-            observed,
-            scaled: None,
-        };
-        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
+        let (decided, sidecar, _) = scale_in_of_one_pod("127.86.36.1", &[0], Some(5_000)).await;
         assert_eq!(decided, (1, true), "the scale-in waits");
         assert_eq!(sidecar.asked(), 2);
     }
