@@ -1,6 +1,7 @@
-//! Every relative link in the README and the docs leads somewhere: the file exists and, for a
-//! `#fragment` into Markdown, a heading of that slug does (GitHub's rule: lower case, spaces
-//! to hyphens, punctuation other than `-` and `_` dropped).
+//! Every relative link in the README, CONTRIBUTING, SECURITY, the CHANGELOG, the chart's README
+//! and the docs leads somewhere: the file exists and, for a `#fragment` into Markdown, a heading
+//! of that slug does (GitHub's rule: lower case, spaces to hyphens, punctuation other than `-`
+//! and `_` dropped).
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +13,16 @@ fn root() -> PathBuf {
 }
 
 fn markdown_files() -> Vec<PathBuf> {
-    let mut files = vec![root().join("README.md")];
+    let mut files: Vec<PathBuf> = [
+        "README.md",
+        "CONTRIBUTING.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+        "charts/perago-operator/README.md",
+    ]
+    .iter()
+    .map(|f| root().join(f))
+    .collect();
     let mut dirs = vec![root().join("docs")];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
