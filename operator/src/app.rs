@@ -340,21 +340,9 @@ fn run(
                 recorder,
                 resync: std::time::Duration::from_secs(resync.max(1)),
                 metrics: metrics.clone(),
-                recommendations: Default::default(),
-                costs_changed: Default::default(),
-                costs_written: Default::default(),
-                scales_written: Default::default(),
-                last_scales: Default::default(),
-                slots_port: crate::render::METRICS_PORT as u16,
-                pods_http: reqwest::Client::builder()
-                    .timeout(std::time::Duration::from_secs(1))
-                    // A pod is asked about once a resync: a connection kept open to each
-                    // of thousands of pods held about 50 KiB apiece (docs/scale.md).
-                    .pool_max_idle_per_host(0)
-                    .build()
+                pods: crate::slots::SlotsClient::new(crate::render::METRICS_PORT as u16)
                     .map_err(|e| format!("building the pods' HTTP client failed: {e}"))?,
-                probes: tokio::sync::Semaphore::new(crate::scaling::PROBES_AT_ONCE),
-                slots: Default::default(),
+                scaler: Default::default(),
                 queues: crate::queues::QueueWatch::new(
                     (queue_poll > 0).then(|| std::time::Duration::from_secs(queue_poll)),
                 ),

@@ -4,7 +4,9 @@
 //! read for all tasks in one listing (ADR 0015).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 pub use perago_conductor::{ConductorClient, ConductorError, Credentials};
@@ -54,10 +56,7 @@ impl Conductors {
     /// The client of the Conductor whose API is at `base` (made on first use).
     pub fn at(&self, base: &str) -> Arc<ConductorClient> {
         let base = base.trim_end_matches('/');
-        let mut clients = self
-            .clients
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut clients = self.clients.lock();
         clients
             .entry(base.to_owned())
             .or_insert_with(|| {
@@ -78,7 +77,6 @@ impl Conductors {
     fn listing(&self, base: &str) -> Arc<tokio::sync::Mutex<Option<Listing>>> {
         self.task_defs
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
             .entry(base.trim_end_matches('/').to_owned())
             .or_default()
             .clone()

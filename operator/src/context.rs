@@ -1,6 +1,5 @@
-//! What every part of the reconcile shares: the context (clients, caches, defaults), the
-//! reconcile's error, and which Conductor a task belongs to. The controller and the scaler
-//! both use it; neither imports the other's internals.
+//! What every part of the reconcile shares: the context (clients, the watched stores, the
+//! scaler's state, defaults), the reconcile's error, and which Conductor a task belongs to.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,31 +24,10 @@ pub struct Context {
     /// depth of autoscaled tasks).
     pub resync: Duration,
     pub metrics: Arc<crate::telemetry::Metrics>,
-    /// Recent replica recommendations per autoscaled task, for scale-down stabilisation.
-    pub recommendations:
-        std::sync::Mutex<std::collections::HashMap<String, Vec<(std::time::Instant, i32)>>>,
-    /// When the operator last changed a deletion cost of each autoscaled task's pods.
-    pub costs_changed: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    /// The deletion costs this process wrote, by `namespace/pod`: what it wrote and when, until
-    /// the cache of pods shows it ([`crate::scaling::cost_now`]).
-    pub costs_written:
-        std::sync::Mutex<std::collections::HashMap<String, (Option<String>, std::time::Instant)>>,
-    /// The replicas this process last wrote through each autoscaled task's `/scale`, the
-    /// task's generation before that write, and when ([`crate::scaling::scale_written`]).
-    pub scales_written:
-        std::sync::Mutex<std::collections::HashMap<String, crate::scaling::ScaleWritten>>,
-    /// The last scale decision of each autoscaled task, until the watched task's status shows
-    /// it ([`crate::scaling::last_scale`]).
-    pub last_scales:
-        std::sync::Mutex<std::collections::HashMap<String, perago_api::task::ScaleDecision>>,
-    /// The port of the executor pods' `/slots` ([`crate::render::METRICS_PORT`]).
-    pub slots_port: u16,
-    /// Asks executor pods how many attempts they run (`/slots`), with a short timeout.
-    pub pods_http: reqwest::Client,
-    /// Permits for `/slots` requests in flight ([`crate::scaling::PROBES_AT_ONCE`]).
-    pub probes: tokio::sync::Semaphore,
-    /// What each running executor pod last said on `/slots`, kept by the census.
-    pub slots: crate::slots::Book,
+    /// Asks executor pods how many attempts they run (`/slots`).
+    pub pods: crate::slots::SlotsClient,
+    /// Every autoscaled task's scaling state, the book of busy slots included.
+    pub scaler: crate::scaler::Scaler,
     /// Queue sizes of every Conductor, read every few seconds.
     pub queues: crate::queues::QueueWatch,
     /// The executor pods, Deployments and ConfigMaps, as the watches keep them.

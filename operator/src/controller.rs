@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
@@ -20,18 +18,19 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, info, warn};
 
-use perago_api::task::{DeletionPolicy, ScaleDecision};
+use perago_api::task::DeletionPolicy;
 use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
 use crate::conductor::{ConductorError, holds};
 use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::render::{self, TASK_LABEL};
+use crate::scaler::Observed;
 use crate::scope::{Scope, Stores, Wake};
 use crate::telemetry::WaitCause;
-use crate::{scaling, siblings, slots, status, triggers};
+use crate::{census, scaling, siblings, status, triggers};
 
 pub const FINALIZER: &str = "perago.io/taskdef";
 const MANAGER: &str = "perago-operator";
@@ -46,33 +45,10 @@ async fn publish_event(
     reason: &str,
     note: String,
 ) {
-    let event = event(type_, reason, note);
-    send_event(ctx.recorder.clone(), task.object_ref(&()), event).await;
+    crate::events::publish(&ctx.recorder, task, type_, reason, note).await;
 }
 
-fn event(type_: EventType, reason: &str, note: String) -> Event {
-    // kube-runtime folds events with the same type, reason and action into one series that
-    // keeps the first note: a later `Scaled 0 → 2` would show as the earlier `1 → 0`. An
-    // action per distinct note keeps each message and still folds true repeats.
-    let note: String = note.chars().take(1000).collect();
-    let mut hasher = std::hash::DefaultHasher::new();
-    std::hash::Hash::hash(&note, &mut hasher);
-    Event {
-        type_,
-        reason: reason.into(),
-        action: format!("Reconcile-{:016x}", std::hash::Hasher::finish(&hasher)),
-        note: Some(note),
-        secondary: None,
-    }
-}
-
-async fn send_event(recorder: Recorder, reference: ObjectReference, event: Event) {
-    if let Err(e) = recorder.publish(&event, &reference).await {
-        warn!(error = %e, "publishing an event failed");
-    }
-}
-
-/// The status, with the task's last scale decision ([`scaling::last_scale`]);
+/// The status, with the task's last scale decision ([`crate::scaler::Scaler::last_scale`]);
 /// `perago_operator_task_ready` follows its Ready condition.
 async fn patch_status(
     ctx: &Context,
@@ -85,8 +61,10 @@ async fn patch_status(
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     ctx.metrics.task_ready(task).set(i64::from(ready));
+    let shown = task.status.as_ref().and_then(|s| s.last_scale.as_ref());
+    let task_ref = ObjectRef::from_obj(task);
     let status = PeragoTaskStatus {
-        last_scale: scaling::last_scale(ctx, task),
+        last_scale: (ctx.scaler).last_scale(&task_ref, shown, std::time::Instant::now()),
         ..status
     };
     // Nothing new: no write. Besides the request saved, a reconcile sees the cached object,
@@ -274,35 +252,23 @@ pub fn checked(
 /// What the reconcile reads before it decides: the task's executor pods and the work, running
 /// in them and queued in Conductor (read after the pods, so that a task a pod has just taken
 /// is not counted twice).
-struct Work {
-    pods: Vec<Arc<Pod>>,
-    busy: Vec<scaling::BusyPod>,
-    running: i64,
-    queued: i64,
-    /// When the queue was read.
-    queue_read: std::time::Instant,
-    /// When the reconcile began to look: a pod asked since has a figure of now.
-    observed: std::time::Instant,
-    /// The direction of the `/scale` write this reconcile made, if it made one.
-    scaled: Option<&'static str>,
-}
-
-async fn observe(ctx: &Context, task: &PeragoTask, base: &str) -> Result<Work, Error> {
+async fn observe(ctx: &Context, task: &Arc<PeragoTask>, base: &str) -> Result<Observed, Error> {
     let ns = task.namespace().unwrap_or_else(|| "default".into());
     ctx.owned.ready().await.map_err(|_| Error::WatchStopped)?;
     let observed = std::time::Instant::now();
     let pods = ctx.owned.pods(&ns, &task.name_any());
-    let busy = slots::busy_pods(ctx, task, &pods).await;
+    let busy = census::busy_pods(ctx, task, &pods).await;
     let running: i64 = busy.iter().map(|p| p.busy).sum();
     let (queued, queue_read) = scaling::queued(ctx, base, task, running).await?;
-    Ok(Work {
+    Ok(Observed {
+        task: task.clone(),
         pods,
         busy,
-        running,
         queued,
         queue_read,
         observed,
-        scaled: None,
+        asks: 0,
+        marks_failed: false,
     })
 }
 
@@ -342,9 +308,10 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e),
     };
 
-    let (replicas, scale_in_deferred) = scale(ctx, &api, &task, &mut work).await?;
+    let scaled = scaling::scale(ctx, &api, &mut work).await?;
+    let replicas = scaled.replicas;
     ctx.metrics.task_queued(&task).set(work.queued);
-    ctx.metrics.task_running(&task).set(work.running);
+    ctx.metrics.task_running(&task).set(work.running());
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
 
     let cm = render::config_map(&task, &contract);
@@ -379,7 +346,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         problem: problem.as_ref(),
         selector: format!("{TASK_LABEL}={}", task.name_any()),
         queued: work.queued,
-        running: work.running,
+        running: work.running(),
         task_def_hash: taskdef::hash(&doc),
     };
     let rolled_out = seen.rolled_out();
@@ -395,14 +362,14 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         }
     }
     patch_status(ctx, &api, &task, status::observed(&old, &seen)).await?;
-    if let Some(direction) = work.scaled {
+    if let Some(direction) = scaled.wrote {
         ctx.metrics
             .scale_seconds
             .with_label_values(&[direction])
             .observe(work.queue_read.elapsed().as_secs_f64());
     }
-    Ok(Action::requeue(if scale_in_deferred {
-        scaling::SCALE_IN_AFTER_COSTS
+    Ok(Action::requeue(if scaled.held {
+        crate::scaler::decide::SCALE_IN_AFTER_COSTS
     } else if rolled_out {
         ctx.resync
     } else {
@@ -410,186 +377,9 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     }))
 }
 
-/// The replicas of this pass: the spec's (which an HPA or KEDA may drive through /scale), or
-/// for an autoscaled task the scaler's decision, written through /scale with an event and
-/// `status.lastScale`. A scale-in to fewer pods, not to zero, first sets the pods' deletion
-/// costs and is deferred (the flag) to a later pass: the ReplicaSet controller picks victims
-/// from its own cache of pods, which must already hold the new costs.
-async fn scale(
-    ctx: &Context,
-    api: &Api<PeragoTask>,
-    task: &PeragoTask,
-    work: &mut Work,
-) -> Result<(i32, bool), Error> {
-    let Some(auto) = &task.spec.executor.autoscaling else {
-        return Ok((task.spec.executor.replicas, false));
-    };
-    // This process's last decision, when the watched task does not show it yet, is what the
-    // task has: a scale-up builds on it at once; anything else waits for the watch.
-    let written = scaling::scale_written(ctx, task);
-    let replicas = written.unwrap_or(task.spec.executor.replicas);
-    let window =
-        Duration::from_secs(u64::try_from(auto.scale_down_stabilization_seconds).unwrap_or(0));
-    let decide = |work: &Work, again: bool| {
-        let wanted = scaling::recommended(work.queued + work.running, auto);
-        let mut all = ctx
-            .recommendations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let history = all.entry(scaling::task_key(task)).or_default();
-        if again {
-            scaling::restabilised(history, replicas, wanted)
-        } else {
-            scaling::stabilised(history, std::time::Instant::now(), window, replicas, wanted)
-        }
-    };
-    let mut next = decide(work, false);
-    if written.is_some() && next <= replicas {
-        return Ok((replicas, false));
-    }
-    let now = k8s_openapi::jiff::Timestamp::now();
-    if next < replicas
-        && let Some(pod) = work.pods.iter().find(|p| scaling::starting(p, now))
-    {
-        debug!(from = replicas, to = next, pod = %pod.name_any(), "the scale-in waits for a starting pod");
-        return Ok((replicas, true));
-    }
-    if next < replicas && scaling::pods_unseen(ctx, task, &work.pods, replicas, now) {
-        debug!(
-            from = replicas,
-            to = next,
-            "the scale-in waits for pods the watch does not show yet"
-        );
-        return Ok((replicas, true));
-    }
-    if next < replicas {
-        // The book's figures may be a census period old. The scale-in marks its pods from them
-        // and waits until the ReplicaSet's cache has seen the marks; only then are the pods it
-        // would remove asked again, and the decision made again with their answers, until each
-        // has answered during this reconcile counting every task its polls took from the
-        // queue read. So a pod is asked once, when the scale-in is about to remove it; should
-        // one have turned busy, the marks move and the scale-in waits again (ADR 0030). A
-        // scale-in to zero removes every pod, so it marks none (ADR 0033).
-        let removals = |next: i32| usize::try_from(replicas - next).unwrap_or(0);
-        if next > 0
-            && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
-        {
-            debug!(from = replicas, to = next, %why, "the scale-in waits");
-            return Ok((replicas, true));
-        }
-        let mut asks = 0;
-        while next < replicas {
-            let (read, observed) = (work.queue_read, work.observed);
-            let stale = scaling::unconfirmed_removals(&work.busy, removals(next), read, observed);
-            if stale.is_empty() {
-                break;
-            }
-            match asks {
-                0 => {}
-                // A sidecar that does not say which polls it counts is trusted from then, and
-                // a poll a loaded Conductor is slow to answer may be answered by then.
-                1 => tokio::time::sleep_until((read + scaling::QUEUE_SETTLE).into()).await,
-                _ => {
-                    debug!(
-                        from = replicas,
-                        to = next,
-                        "the scale-in waits for pods whose polls from before the queue read are not answered yet"
-                    );
-                    return Ok((replicas, true));
-                }
-            }
-            slots::ask_again(ctx, task, &mut work.busy, &stale, read).await;
-            asks += 1;
-            work.running = work.busy.iter().map(|p| p.busy).sum();
-            next = decide(work, true);
-        }
-        if next < replicas
-            && next > 0
-            && let Some(why) = mark_for_scale_in(ctx, task, &work.busy, removals(next)).await
-        {
-            debug!(from = replicas, to = next, %why, "the scale-in waits");
-            return Ok((replicas, true));
-        }
-    }
-    if next == replicas {
-        return Ok((replicas, false));
-    }
-    let (queued, running) = (work.queued, work.running);
-    api.patch_scale(
-        &task.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": next}})),
-    )
-    .await?;
-    work.scaled = Some(if next > replicas { "up" } else { "down" });
-    scaling::wrote_scale(ctx, task, next);
-    let reason = scaling::reason(queued, running, auto, next);
-    info!(queued, running, from = replicas, to = next, %reason, "scaled the executor");
-    let note = format!("{replicas} → {next} executor pods: {reason}");
-    // The event is not waited for: in a wave every write of the reconcile waits its turn at the
-    // API server, and the Deployment and status that follow matter more.
-    let event = event(EventType::Normal, "Scaled", note);
-    let sent = send_event(ctx.recorder.clone(), task.object_ref(&()), event);
-    tokio::spawn(sent.in_current_span());
-    scaling::decided(
-        ctx,
-        task,
-        ScaleDecision {
-            time: MicroTime(k8s_openapi::jiff::Timestamp::now()),
-            from: replicas,
-            to: next,
-            reason,
-        },
-    );
-    Ok((next, false))
-}
-
-/// Set the deletion costs that make the ReplicaSet remove `count` of `pods` (ADR 0027), and
-/// say why the scale-in must still wait, if it must ([`scaling::scale_in_waits`]).
-async fn mark_for_scale_in(
-    ctx: &Context,
-    task: &PeragoTask,
-    pods: &[scaling::BusyPod],
-    count: usize,
-) -> Option<String> {
-    let ns = task.namespace().unwrap_or_else(|| "default".into());
-    let key = scaling::task_key(task);
-    let now = std::time::Instant::now();
-    let mut costs_changed = ctx
-        .costs_changed
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&key)
-        .copied();
-    if scaling::mark_deletion_costs(ctx, &ns, pods, count).await > 0 {
-        costs_changed = Some(now);
-        ctx.costs_changed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key, now);
-    }
-    scaling::scale_in_waits(pods, costs_changed, now)
-}
-
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     ctx.metrics.forget_task(&task);
-    let key = scaling::task_key(&task);
-    ctx.recommendations
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&key);
-    ctx.costs_changed
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&key);
-    ctx.scales_written
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&key);
-    ctx.last_scales
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .remove(&key);
+    ctx.scaler.forget(&ObjectRef::from_obj(&*task));
     ctx.owned.forget(
         task.namespace().as_deref().unwrap_or("default"),
         &render::object_name(&task),
@@ -724,7 +514,7 @@ pub async fn run(ctx: Context, writers: owned::Writers, scope: &Scope) {
         ctx.clone(),
         wake.clone(),
     )));
-    let _census = AbortOnDrop(tokio::spawn(slots::census(ctx.clone(), wake)));
+    let _census = AbortOnDrop(tokio::spawn(census::census(ctx.clone(), wake)));
     let runs = controllers
         .into_iter()
         .zip(receivers)
@@ -769,402 +559,6 @@ mod tests {
     use http::Method;
 
     use crate::fixtures::{mocked_context, task};
-
-    /// The requests a `/slots` stand-in was sent (their request lines), and its port.
-    struct Sidecar {
-        requests: Arc<std::sync::Mutex<Vec<String>>>,
-        port: u16,
-    }
-
-    impl Sidecar {
-        fn asked(&self) -> usize {
-            self.requests.lock().unwrap().len()
-        }
-    }
-
-    /// A `/slots` endpoint at `ip` and `port` (0: any) that answers idle, counting every poll.
-    async fn idle_sidecar(ip: &str, port: u16) -> Sidecar {
-        sidecar_answering(ip, port, &[0], Some(0)).await
-    }
-
-    /// A `/slots` endpoint at `ip` and `port` (0: any) whose `n`th answer has `busy[n]` busy
-    /// slots (the last one from then on), and says that polls sent `uncounted` ms before
-    /// the request may not be counted (`None`: says nothing, as a sidecar older than
-    /// ADR 0033).
-    async fn sidecar_answering(
-        ip: &str,
-        port: u16,
-        busy: &'static [i64],
-        uncounted: Option<u64>,
-    ) -> Sidecar {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind((ip, port))
-            .await
-            .unwrap_or_else(|e| panic!("binding {ip}:{port}: {e}"));
-        let port = listener.local_addr().unwrap().port();
-        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let mut request = [0; 1024];
-                let read = stream.read(&mut request).await.unwrap_or(0);
-                let text = String::from_utf8_lossy(&request[..read]);
-                let line = text.lines().next().unwrap_or_default().to_owned();
-                let n = {
-                    let mut seen = seen.lock().unwrap();
-                    seen.push(line);
-                    seen.len() - 1
-                };
-                let busy = busy[n.min(busy.len() - 1)];
-                let body = match uncounted {
-                    Some(ms) => format!(r#"{{"busy":{busy},"pollsCountedOlderThanMs":{ms}}}"#),
-                    None => format!(r#"{{"busy":{busy}}}"#),
-                };
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(answer.as_bytes()).await;
-            }
-        });
-        Sidecar { requests, port }
-    }
-
-    /// [`scale`] where the API server never answers: the decision, or a failure when it sent
-    /// a request.
-    async fn scale_sending_nothing(
-        ctx: &Context,
-        task: &PeragoTask,
-        work: &mut Work,
-    ) -> (i32, bool) {
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-        tokio::time::timeout(Duration::from_secs(5), scale(ctx, &tasks, task, work))
-            .await
-            .expect("the scale-in made a request to the API server")
-            .unwrap()
-    }
-
-    /// A new pod's sidecar may poll before the kubelet reports the pod Running, when the pod
-    /// has no figure in the book yet: the scale-in its poll would trigger (its queue now empty)
-    /// waits for it, and makes no request, rather than count none of its work.
-    #[tokio::test]
-    async fn a_scale_in_waits_for_a_pod_that_is_starting() {
-        let (ctx, _api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let starting: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p-new", "namespace": "default"},
-            "status": {"phase": "Pending",
-                       "conditions": [{"type": "PodScheduled", "status": "True",
-                                       "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]},
-        }))
-        .unwrap();
-        let mut work = Work {
-            pods: vec![Arc::new(starting)],
-            busy: Vec::new(),
-            running: 0,
-            queued: 0,
-            queue_read: std::time::Instant::now() - scaling::QUEUE_SETTLE,
-            observed: std::time::Instant::now(),
-            scaled: None,
-        };
-        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
-        assert_eq!(decided, (1, true), "the scale-in waits");
-    }
-
-    /// A scale-in of an autoscaled task at the HTTP level (ADR 0030): from the book's figures
-    /// it marks the pods it removes and waits, asking no pod; while the marks settle it asks
-    /// and writes nothing; once they have, it asks each pod it removes once, and scales.
-    #[tokio::test]
-    async fn a_scale_in_asks_each_pod_it_removes_once_when_about_to_remove_it() {
-        let (mut ctx, mut api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 3, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let ips = ["127.86.33.1", "127.86.33.2", "127.86.33.3"];
-        let first = idle_sidecar(ips[0], 0).await;
-        let port = first.port;
-        let mut sidecars = vec![first];
-        for ip in &ips[1..] {
-            sidecars.push(idle_sidecar(ip, port).await);
-        }
-        Arc::get_mut(&mut ctx).unwrap().slots_port = port;
-        let total = || sidecars.iter().map(Sidecar::asked).collect::<Vec<_>>();
-        // The book, a resync old: a and b idle, c running the one attempt.
-        let long_ago = std::time::Instant::now() - Duration::from_secs(50);
-        let work = |ctx: &Context| {
-            let busy = [("p-a", 0), ("p-b", 0), ("p-c", 1)]
-                .into_iter()
-                .zip(ips)
-                .map(|((name, busy), ip)| {
-                    let figure = slots::Figure {
-                        busy,
-                        answered: true,
-                        at: long_ago,
-                        polls_counted_before: Some(long_ago),
-                    };
-                    running_pod(ctx, name, ip, figure)
-                })
-                .collect();
-            Work {
-                pods: Vec::new(),
-                busy,
-                running: 1,
-                queued: 0,
-                queue_read: long_ago,
-                observed: std::time::Instant::now(),
-                scaled: None,
-            }
-        };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-
-        // 1. Marks from the book (written side by side), no question asked, and a wait.
-        let server = tokio::spawn(async move {
-            let mut marked = std::collections::BTreeSet::new();
-            for _ in 0..2 {
-                let (path, patch, answer) = api_server.next_call(Method::PATCH).await;
-                let pod = path
-                    .strip_prefix("/api/v1/namespaces/default/pods/")
-                    .unwrap_or_else(|| panic!("a pod's patch, not {path}"))
-                    .to_owned();
-                assert_eq!(
-                    patch["metadata"]["annotations"][scaling::DELETION_COST],
-                    "-1"
-                );
-                answer.send(200, &json!({"metadata": {"name": pod}}));
-                marked.insert(pod);
-            }
-            assert_eq!(marked, ["p-a".to_owned(), "p-b".to_owned()].into());
-            api_server
-        });
-        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
-        let api_server = server.await.unwrap();
-        assert_eq!(decided, (3, true), "the scale-in waits for its marks");
-        assert_eq!(
-            total(),
-            [0, 0, 0],
-            "no pod is asked before its marks settle"
-        );
-
-        // 2. While the marks settle: nothing asked, nothing written.
-        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
-        assert_eq!(decided, (3, true));
-        assert_eq!(total(), [0, 0, 0]);
-
-        // 3. Settled: the two pods it removes are asked once, and the task scales to 1.
-        ctx.costs_changed.lock().unwrap().insert(
-            "default/t".into(),
-            std::time::Instant::now() - scaling::SCALE_IN_AFTER_COSTS,
-        );
-        let server = answer_a_scale(api_server, 3, 1);
-        let decided = scale(&ctx, &tasks, &task, &mut work(&ctx)).await.unwrap();
-        server.await.unwrap();
-        assert_eq!(decided, (1, false));
-        assert_eq!(
-            total(),
-            [1, 1, 0],
-            "each pod removed asked once, the one kept not at all"
-        );
-    }
-
-    /// A scale-in to zero marks no pod (they all go) and asks each pod, at once, to count every
-    /// task its polls took before the queue read that shows the queue empty (ADR 0033).
-    #[tokio::test]
-    async fn a_scale_in_to_zero_marks_nothing_and_asks_each_pod_to_count_its_polls() {
-        let (mut ctx, api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 2, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let ips = ["127.86.35.1", "127.86.35.2"];
-        let a = idle_sidecar(ips[0], 0).await;
-        let b = idle_sidecar(ips[1], a.port).await;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = a.port;
-        // Asked just before the queue read: idle, but a poll in flight may have taken the
-        // queue's last task.
-        let observed = std::time::Instant::now();
-        let mut work = {
-            let busy = [("p-a", ips[0]), ("p-b", ips[1])]
-                .into_iter()
-                .map(|(name, ip)| {
-                    let figure = slots::Figure {
-                        busy: 0,
-                        answered: true,
-                        at: observed,
-                        polls_counted_before: Some(observed - Duration::from_millis(1)),
-                    };
-                    running_pod(&ctx, name, ip, figure)
-                })
-                .collect();
-            Work {
-                pods: Vec::new(),
-                busy,
-                running: 0,
-                queued: 0,
-                queue_read: observed,
-                observed,
-                scaled: None,
-            }
-        };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-
-        // Both still idle: no pod's deletion cost is written, only the scale.
-        let server = answer_a_scale(api_server, 2, 0);
-        let decided = scale(&ctx, &tasks, &task, &mut work).await.unwrap();
-        server.await.unwrap();
-        assert_eq!(decided, (0, false));
-        assert_eq!((a.asked(), b.asked()), (1, 1));
-        let request = a.requests.lock().unwrap()[0].clone();
-        assert!(
-            request.starts_with("GET /slots?countPollsOlderThanMs="),
-            "{request}"
-        );
-        assert!(
-            observed.elapsed() < scaling::QUEUE_SETTLE,
-            "no wait for a sidecar that counts its polls"
-        );
-    }
-
-    /// A running, Ready executor pod `name` at `ip`, with `figure` from the book.
-    fn running_pod(ctx: &Context, name: &str, ip: &str, figure: slots::Figure) -> scaling::BusyPod {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "status": {"phase": "Running", "podIP": ip,
-                       "conditions": [{"type": "Ready", "status": "True"}]},
-        }))
-        .unwrap();
-        scaling::BusyPod::new(ctx, &pod, ip.into(), figure)
-    }
-
-    /// [`scale_sending_nothing`] of a task whose one pod, at `ip`, was found idle just before
-    /// the queue read that shows the queue empty, without saying which polls it counted; its
-    /// `/slots` answers as [`sidecar_answering`] with `busy` and `uncounted`. The decision, the
-    /// sidecar, and when the queue was read.
-    async fn scale_in_of_one_pod(
-        ip: &str,
-        busy: &'static [i64],
-        uncounted: Option<u64>,
-    ) -> ((i32, bool), Sidecar, std::time::Instant) {
-        let (mut ctx, _api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 1}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 1, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        let sidecar = sidecar_answering(ip, 0, busy, uncounted).await;
-        Arc::get_mut(&mut ctx).unwrap().slots_port = sidecar.port;
-        let read = std::time::Instant::now();
-        let idle = slots::Figure {
-            busy: 0,
-            answered: true,
-            at: read,
-            polls_counted_before: None,
-        };
-        let mut work = Work {
-            pods: Vec::new(),
-            busy: vec![running_pod(&ctx, "p-a", ip, idle)],
-            running: 0,
-            queued: 0,
-            queue_read: read,
-            observed: read,
-            scaled: None,
-        };
-        let decided = scale_sending_nothing(&ctx, &task, &mut work).await;
-        (decided, sidecar, read)
-    }
-
-    /// A sidecar older than ADR 0033 does not say which polls it counts: a pod asked just
-    /// after the queue read that shows its queue empty may have taken the queue's last task
-    /// without counting it yet, so the scale-in asks it again once the read is
-    /// [`scaling::QUEUE_SETTLE`] old, and keeps it when it then says it is busy.
-    #[tokio::test]
-    async fn a_scale_in_asks_an_older_sidecar_again_once_the_queue_read_has_settled() {
-        let (decided, sidecar, read) = scale_in_of_one_pod("127.86.34.1", &[0, 1], None).await;
-        assert_eq!(decided, (1, false), "the pod is kept");
-        assert_eq!(sidecar.asked(), 2);
-        assert!(
-            read.elapsed() >= scaling::QUEUE_SETTLE,
-            "asked again only once the read had settled"
-        );
-    }
-
-    /// A pod whose poll from before the queue read has still not come back when asked twice
-    /// (a Conductor slower than the sidecar's wait) defers the scale-in to a later pass, with
-    /// a new read, and nothing is written.
-    #[tokio::test]
-    async fn a_scale_in_waits_for_a_pod_whose_old_poll_is_still_in_flight() {
-        let (decided, sidecar, _) = scale_in_of_one_pod("127.86.36.1", &[0], Some(5_000)).await;
-        assert_eq!(decided, (1, true), "the scale-in waits");
-        assert_eq!(sidecar.asked(), 2);
-    }
-
-    /// Answers the calls of a scale of task `t` from `from` to `to` pods: its `/scale` patch
-    /// and its `Scaled` event, and asserts there are no others; the `lastScale` it decided is
-    /// for the reconcile's status write.
-    fn answer_a_scale(
-        mut api_server: crate::fixtures::ApiServer,
-        from: i32,
-        to: i32,
-    ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            let (patch, answer) = api_server
-                .expect(Method::PATCH, "/namespaces/default/peragotasks/t/scale")
-                .await;
-            assert_eq!(patch["spec"]["replicas"], to);
-            answer.send(200, &json!({"spec": {"replicas": to}}));
-            let (event, answer) = api_server
-                .expect(Method::POST, "/namespaces/default/events")
-                .await;
-            assert_eq!(event["reason"], "Scaled");
-            assert!(
-                event["note"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(&format!("{from} → {to} executor pods"))),
-                "{event}"
-            );
-            answer.send(201, &json!({}));
-            api_server.expect_no_more().await;
-        })
-    }
-
-    /// The queue grew while the watch did not show the operator's last `/scale` write yet: the
-    /// scale-up builds on that write at once (one `/scale` patch to 5), and a decision at or
-    /// below it makes no request.
-    #[tokio::test]
-    async fn a_scale_up_builds_on_a_write_the_watch_does_not_show_yet() {
-        let (ctx, api_server) = mocked_context();
-        let task = Arc::new(task(
-            "{name: t, namespace: default, uid: u-1, generation: 2}",
-            "{taskName: op.t, ownerEmail: a@b.c, paramsSchema: {type: object}, resultSchema: {type: object}, executor: {replicas: 0, autoscaling: {minReplicas: 0, maxReplicas: 5, targetQueueDepth: 1, scaleDownStabilizationSeconds: 0}, body: {image: b, command: [run]}}}",
-        ));
-        scaling::wrote_scale(&ctx, &task, 1);
-        let work = |queued| Work {
-            pods: Vec::new(),
-            busy: Vec::new(),
-            running: 0,
-            queued,
-            queue_read: std::time::Instant::now(),
-            observed: std::time::Instant::now(),
-            scaled: None,
-        };
-        let tasks: Api<PeragoTask> = Api::namespaced(ctx.client.clone(), "default");
-        let decided = scale(&ctx, &tasks, &task, &mut work(1)).await.unwrap();
-        assert_eq!(decided, (1, false), "the write stands, nothing is sent");
-
-        let server = answer_a_scale(api_server, 1, 5);
-        let decided = scale(&ctx, &tasks, &task, &mut work(5)).await.unwrap();
-        server.await.unwrap();
-        assert_eq!(decided, (5, false));
-        assert_eq!(
-            scaling::scale_written(&ctx, &task),
-            Some(5),
-            "the second write stands until the watch shows both"
-        );
-        let last = scaling::last_scale(&ctx, &task).expect("the status carries the decision");
-        assert_eq!((last.from, last.to), (1, 5));
-    }
 
     fn invalid_task() -> PeragoTask {
         task(

@@ -1,19 +1,22 @@
 //! The PeragoTask operator as a library: the controller and its reconcile (observe what
-//! exists, decide in pure functions — the status in `status`, the replicas in `scaling`, the
+//! exists, decide in pure functions — the status in `status`, the replicas in `scaler`, the
 //! children in `render` — then apply), the Conductor metadata client, the queue watch, the
 //! admission webhook, telemetry, and the command line (`app`) that `main.rs` runs.
 
 pub mod app;
+pub mod census;
 pub mod cli;
 pub mod conductor;
 pub mod context;
 pub mod controller;
+pub mod events;
 pub mod leadership;
 pub mod owned;
 pub mod pods;
 pub mod queues;
 pub mod reference;
 pub mod render;
+pub mod scaler;
 pub mod scaling;
 pub mod scope;
 pub mod selftest;

@@ -6,7 +6,7 @@
 //! `managedFields`, no pod, Deployment or NetworkPolicy spec, no ConfigMap data.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,6 +16,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use parking_lot::Mutex;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -31,9 +32,9 @@ pub struct Owned {
     pub deployments: Stores<Deployment>,
     pub config_maps: Stores<ConfigMap>,
     pub network_policies: Stores<NetworkPolicy>,
-    /// Per object (`kind/namespace/name`): the hash of the render last applied, and the
-    /// object's version that apply made (see [`version`]).
-    applied: Arc<Mutex<HashMap<String, (String, String)>>>,
+    /// Per object: the hash of the render last applied, and the object's version that apply
+    /// made.
+    applied: Arc<Mutex<HashMap<Applied, (String, Version)>>>,
 }
 
 /// What fills an [`Owned`]: handed to [`Writers::watch`] once the process leads. One writer
@@ -140,8 +141,8 @@ impl Owned {
     {
         let key = ObjectRef::new(&rendered.name_any()).within(rendered.namespace().as_deref()?);
         let live = store.get(&key)?;
-        let (hash, made) = self.memo().get(&memo_key(rendered))?.clone();
-        if hash != render_hash(rendered)? || !unchanged_since(&version(&*live)?, &made) {
+        let (hash, made) = self.memo().get(&Applied::of(rendered))?.clone();
+        if hash != render_hash(rendered)? || !Version::of(&*live)?.unchanged_since(&made) {
             return None;
         }
         let (Ok(live_meta), Ok(rendered_meta)) = (
@@ -156,30 +157,39 @@ impl Owned {
     /// `rendered` was applied and the apiserver answered with `applied`.
     pub fn applied<K: Resource<DynamicType = ()> + Serialize>(&self, rendered: &K, applied: &K) {
         let mut memo = self.memo();
-        match (render_hash(rendered), version(applied)) {
-            (Some(hash), Some(made)) => memo.insert(memo_key(rendered), (hash, made)),
-            _ => memo.remove(&memo_key(rendered)),
+        match (render_hash(rendered), Version::of(applied)) {
+            (Some(hash), Some(made)) => memo.insert(Applied::of(rendered), (hash, made)),
+            _ => memo.remove(&Applied::of(rendered)),
         };
     }
 
     /// A deleted task's objects go with it.
     pub fn forget(&self, ns: &str, name: &str) {
         self.memo()
-            .retain(|key, _| !key.ends_with(&format!("/{ns}/{name}")));
+            .retain(|object, _| !(object.namespace == ns && object.name == name));
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
-        self.applied.lock().unwrap_or_else(PoisonError::into_inner)
+    fn memo(&self) -> parking_lot::MutexGuard<'_, HashMap<Applied, (String, Version)>> {
+        self.applied.lock()
     }
 }
 
-fn memo_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
-    format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        object.namespace().unwrap_or_default(),
-        object.name_any()
-    )
+/// An object the operator applied.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Applied {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+impl Applied {
+    fn of<K: Resource<DynamicType = ()>>(object: &K) -> Self {
+        Self {
+            kind: K::kind(&()).into_owned(),
+            namespace: object.namespace().unwrap_or_default(),
+            name: object.name_any(),
+        }
+    }
 }
 
 fn render_hash<K: Serialize>(rendered: &K) -> Option<String> {
@@ -190,28 +200,44 @@ fn render_hash<K: Serialize>(rendered: &K) -> Option<String> {
 /// What changes when somebody changes the object: the generation where it has one (so the
 /// Deployment controller's status writes do not count), else the resource version; with the
 /// uid, so that an object deleted and made again by somebody else is not taken for it.
-fn version<K: Resource>(object: &K) -> Option<String> {
-    let meta = object.meta();
-    let version = meta
-        .generation
-        .map(|g| format!("generation {g}"))
-        .or_else(|| meta.resource_version.clone())?;
-    Some(format!("{} {version}", meta.uid.as_deref()?))
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Version {
+    uid: String,
+    change: Change,
 }
 
-/// Whether the watched object at version `live` shows no change since this process's apply
-/// made version `made`: the same version, or an older generation of the same object. Under
-/// load the watch shows the operator's own apply seconds late; a change by anybody else after
-/// it would have a higher generation, so an older one means only that the watch lags, and
-/// applying again would write the same render once per reconcile until it caught up.
-fn unchanged_since(live: &str, made: &str) -> bool {
-    let generation = |version: &str| {
-        let (uid, generation) = version.split_once(" generation ")?;
-        Some((uid.to_owned(), generation.parse::<i64>().ok()?))
-    };
-    live == made
-        || matches!((generation(live), generation(made)),
-            (Some((a, older)), Some((b, newer))) if a == b && older < newer)
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Change {
+    Generation(i64),
+    ResourceVersion(String),
+}
+
+impl Version {
+    fn of<K: Resource>(object: &K) -> Option<Self> {
+        let meta = object.meta();
+        let change = match (meta.generation, &meta.resource_version) {
+            (Some(generation), _) => Change::Generation(generation),
+            (None, Some(version)) => Change::ResourceVersion(version.clone()),
+            (None, None) => return None,
+        };
+        Some(Self {
+            uid: meta.uid.clone()?,
+            change,
+        })
+    }
+
+    /// Whether the watched object at this version shows no change since this process's apply
+    /// made version `made`: the same version, or an older generation of the same object.
+    /// Under load the watch shows the operator's own apply seconds late; a change by anybody
+    /// else after it would have a higher generation, so an older one means only that the watch
+    /// lags, and applying again would write the same render once per reconcile until it
+    /// caught up.
+    fn unchanged_since(&self, made: &Version) -> bool {
+        self == made
+            || matches!((&self.change, &made.change),
+                (Change::Generation(older), Change::Generation(newer))
+                    if self.uid == made.uid && older < newer)
+    }
 }
 
 impl Writers {
@@ -271,7 +297,7 @@ fn trim_pod(pod: &mut Pod) {
     meta.finalizers = None;
     meta.creation_timestamp = None;
     if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|key, _| key == crate::scaling::DELETION_COST);
+        annotations.retain(|key, _| key == crate::scaler::DELETION_COST);
     }
     let Some(status) = &mut pod.status else {
         return;
@@ -438,7 +464,7 @@ mod tests {
         let annotations = trimmed.metadata.annotations.clone().unwrap();
         assert_eq!(
             annotations.keys().collect::<Vec<_>>(),
-            [crate::scaling::DELETION_COST]
+            [crate::scaler::DELETION_COST]
         );
         let status = trimmed.status.clone().unwrap();
         assert_eq!(status.phase.as_deref(), Some("Running"));
@@ -529,22 +555,31 @@ mod tests {
 
     #[test]
     fn a_watch_behind_the_operators_own_apply_is_not_a_change() {
-        assert!(unchanged_since("u generation 3", "u generation 3"));
+        let at = |uid: &str, generation| Version {
+            uid: uid.into(),
+            change: Change::Generation(generation),
+        };
+        let resource = |version: &str| Version {
+            uid: "u".into(),
+            change: Change::ResourceVersion(version.into()),
+        };
+        assert!(at("u", 3).unchanged_since(&at("u", 3)));
         assert!(
-            unchanged_since("u generation 2", "u generation 3"),
+            at("u", 2).unchanged_since(&at("u", 3)),
             "the watch has not caught up with the apply yet"
         );
         assert!(
-            !unchanged_since("u generation 4", "u generation 3"),
+            !at("u", 4).unchanged_since(&at("u", 3)),
             "somebody changed the spec since"
         );
         assert!(
-            !unchanged_since("v generation 2", "u generation 3"),
+            !at("v", 2).unchanged_since(&at("u", 3)),
             "another object of the same name"
         );
         assert!(
-            !unchanged_since("u 6", "u 7"),
+            !resource("6").unchanged_since(&resource("7")),
             "resource versions are compared for equality only"
         );
+        assert!(resource("7").unchanged_since(&resource("7")));
     }
 }

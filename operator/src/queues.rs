@@ -1,8 +1,8 @@
 //! The latest queue sizes of each Conductor, as the queue watch (`scaling::watch_queues`)
 //! reads them: the reconciles read their task's queue from here while it is fresh.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Queue name to size, as Conductor's `/tasks/queue/all` answers, and when it was read.
@@ -27,7 +27,7 @@ impl QueueWatch {
     /// The queue's size from a read no older than two periods, and when it was read.
     pub fn fresh(&self, base: &str, queue: &str) -> Option<(i64, Instant)> {
         let period = self.period?;
-        let sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
+        let sizes = self.sizes.lock();
         let (at, sizes) = sizes.get(base)?;
         (at.elapsed() <= 2 * period).then(|| (sizes.get(queue).copied().unwrap_or(0), *at))
     }
@@ -35,7 +35,6 @@ impl QueueWatch {
     pub fn record(&self, base: &str, sizes: HashMap<String, i64>) {
         self.sizes
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .insert(base.to_owned(), (Instant::now(), sizes));
     }
 }

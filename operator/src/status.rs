@@ -147,7 +147,7 @@ impl Observed<'_> {
 
 /// The status of a valid task: Ready once rolled out; otherwise why not (a stuck pod in its
 /// own words, or still rolling out), and Stalled once the Deployment's progress deadline
-/// passed. `lastScale` is the scaler's ([`crate::scaling::last_scale`]).
+/// passed. `lastScale` is the scaler's ([`crate::scaler::Scaler::last_scale`]).
 pub fn observed(old: &PeragoTaskStatus, seen: &Observed<'_>) -> PeragoTaskStatus {
     let replicas = seen.replicas;
     let ready_replicas = seen.deployment.ready_replicas.unwrap_or(0);

@@ -271,7 +271,7 @@ impl WaitCause {
 /// controller does not say how long a trigger waited, so the operator measures it from both
 /// ends: where it sees the change, and where the reconcile starts.
 pub struct ReconcileWaits {
-    seen: std::sync::Mutex<HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>>,
+    seen: parking_lot::Mutex<HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>>,
     seconds: HistogramVec,
 }
 
@@ -295,10 +295,8 @@ impl ReconcileWaits {
 
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>> {
-        self.seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    ) -> parking_lot::MutexGuard<'_, HashMap<ObjectRef<PeragoTask>, (WaitCause, Instant)>> {
+        self.seen.lock()
     }
 }
 
