@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use perago_contract::text::{QUOTED_MAX, clip};
 
-use crate::{LakeFsError, quoted_ref, request_error};
+use crate::{Call, ErrorKind, LakeFsError, request_error};
 
 /// The smallest file an upload puts on a presigned URL. A smaller one goes through lakeFS:
 /// there it is one call, where the direct path makes two (an address, then a link), and its
@@ -190,14 +190,11 @@ pub(crate) fn store_error(
     status: Option<StatusCode>,
     detail: String,
 ) -> LakeFsError {
-    LakeFsError::ObjectStore {
-        verb,
-        repository: repository.to_owned(),
-        reference: quoted_ref(reference),
+    Call::new(verb, repository, reference).error(ErrorKind::ObjectStore {
         key: clip(key, QUOTED_MAX).into_owned(),
         status,
         detail,
-    }
+    })
 }
 
 /// The presigned URL of a lakeFS answer, refused unless it is on an allowed host. Only the
@@ -223,17 +220,17 @@ pub(crate) fn allowed_url(
     if hosts.allows(&parsed) {
         return Ok(parsed);
     }
-    Err(LakeFsError::UnexpectedHost {
-        repository: repository.to_owned(),
-        reference: quoted_ref(reference),
-        key: clip(key, QUOTED_MAX).into_owned(),
-        host: format!(
-            "{}://{}:{}",
-            parsed.scheme(),
-            parsed.host_str().unwrap_or("?"),
-            parsed.port_or_known_default().unwrap_or(0)
-        ),
-    })
+    Err(
+        Call::new(verb, repository, reference).error(ErrorKind::UnexpectedHost {
+            key: clip(key, QUOTED_MAX).into_owned(),
+            host: format!(
+                "{}://{}:{}",
+                parsed.scheme(),
+                parsed.host_str().unwrap_or("?"),
+                parsed.port_or_known_default().unwrap_or(0)
+            ),
+        }),
+    )
 }
 
 /// The S3 error code of an object store's answer (`<Code>…</Code>`), else the start of it.

@@ -12,7 +12,6 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use thiserror::Error;
 
 use backon::Retryable;
 
@@ -21,31 +20,18 @@ use perago_contract::url::path_segment as segment;
 use perago_contract::text::{QUOTED_MAX, clip, clip_path};
 
 pub mod direct;
+mod error;
 pub mod flags;
+mod merge;
 mod retry;
-pub use retry::idempotent_call as retries;
 
-/// Longest ref (commit id or branch name) an error quotes in full; a commit id (64
-/// characters) always fits, long branch names keep their start and end.
-pub const REF_MAX: usize = 80;
+pub use error::{Call, ErrorKind, LakeFsError, REF_MAX, request_error};
+pub use merge::MergeOutcome;
+pub use retry::idempotent_call as retries;
 
 /// Longest non-JSON error body an error quotes (lakeFS's JSON `message` is the cause and is
 /// quoted whole, last).
 const MESSAGE_MAX: usize = 300;
-
-/// Where a call acted, as its errors say it: ` on repository@ref`, nothing for a call on the
-/// server itself (its configuration).
-fn on(repository: &str, reference: &str) -> String {
-    if repository.is_empty() {
-        String::new()
-    } else {
-        format!(" on {repository}@{reference}")
-    }
-}
-
-fn quoted_ref(reference: &str) -> String {
-    clip(reference, REF_MAX).into_owned()
-}
 
 /// The largest block an upload reads from its file at once (per transfer, so memory stays
 /// bounded by the transfer parallelism). 256 KiB keeps 16 transfers of 1 MiB files to a few
@@ -120,237 +106,6 @@ impl Opened {
     }
 }
 
-#[derive(Debug, Error)]
-pub enum LakeFsError {
-    #[error("lakeFS {call}{} failed: HTTP {status}: {message}", on(.repository, .reference))]
-    Status {
-        call: &'static str,
-        repository: String,
-        reference: String,
-        status: StatusCode,
-        message: String,
-    },
-    /// No answer: the request could not be sent (`sent: false`, nothing reached lakeFS), or
-    /// it was sent and the answer never came (a timeout, a lost connection).
-    #[error(
-        "lakeFS {call}{} {}: {detail}",
-        on(.repository, .reference),
-        if *.sent { FAILED } else { NOT_SENT }
-    )]
-    Transport {
-        call: &'static str,
-        repository: String,
-        reference: String,
-        detail: String,
-        timeout: bool,
-        sent: bool,
-    },
-    #[error("lakeFS {call}{} returned an unreadable answer: {detail}", on(.repository, .reference))]
-    Decode {
-        call: &'static str,
-        repository: String,
-        reference: String,
-        detail: String,
-    },
-    /// A transfer with the object store through a presigned URL failed: it answered
-    /// `status`, or (`None`) it could not be reached or the bytes were not what was sent.
-    #[error("object store {verb} of '{key}' for {repository}@{reference} failed: {detail}")]
-    ObjectStore {
-        verb: &'static str,
-        repository: String,
-        reference: String,
-        key: String,
-        status: Option<StatusCode>,
-        detail: String,
-    },
-    /// lakeFS presigned a URL on a host the object store hosts do not allow: never followed.
-    #[error(
-        "lakeFS presigned a URL for '{key}' at {repository}@{reference} on {host}, which is not \
-         an allowed object store host (spec.lakefs.objectStoreHosts); not followed"
-    )]
-    UnexpectedHost {
-        repository: String,
-        reference: String,
-        key: String,
-        host: String,
-    },
-}
-
-/// One lakeFS call, as its errors name it: what, in which repository, at which ref.
-#[derive(Clone, Copy, Debug)]
-pub struct Call<'a> {
-    pub name: &'static str,
-    pub repository: &'a str,
-    pub reference: &'a str,
-}
-
-impl<'a> Call<'a> {
-    pub fn new(name: &'static str, repository: &'a str, reference: &'a str) -> Self {
-        Self {
-            name,
-            repository,
-            reference,
-        }
-    }
-
-    fn transport(self, e: reqwest::Error) -> LakeFsError {
-        LakeFsError::Transport {
-            call: self.name,
-            repository: self.repository.to_owned(),
-            reference: quoted_ref(self.reference),
-            timeout: e.is_timeout(),
-            // No connection, so no request: lakeFS cannot have acted on it.
-            sent: !(e.is_connect() || e.is_builder()),
-            detail: request_error(e),
-        }
-    }
-
-    fn refused(self, status: StatusCode, message: String) -> LakeFsError {
-        LakeFsError::Status {
-            call: self.name,
-            repository: self.repository.to_owned(),
-            reference: quoted_ref(self.reference),
-            status,
-            message,
-        }
-    }
-
-    fn unreadable(self, detail: String) -> LakeFsError {
-        LakeFsError::Decode {
-            call: self.name,
-            repository: self.repository.to_owned(),
-            reference: quoted_ref(self.reference),
-            detail,
-        }
-    }
-}
-
-impl LakeFsError {
-    pub fn status(&self) -> Option<StatusCode> {
-        match self {
-            Self::Status { status, .. } => Some(*status),
-            _ => None,
-        }
-    }
-
-    /// The object store's answer to a direct transfer.
-    pub fn store_status(&self) -> Option<StatusCode> {
-        match self {
-            Self::ObjectStore { status, .. } => *status,
-            _ => None,
-        }
-    }
-
-    fn transient(&self) -> bool {
-        match self {
-            Self::Transport { .. } => true,
-            // Any 5xx, as the AWS SDKs classify them: lakeFS answers 500 when its database
-            // does not (a restart, a failover), and a repeated read or upload is harmless.
-            Self::Status { status, .. } => {
-                *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
-            }
-            Self::Decode { .. } | Self::UnexpectedHost { .. } => false,
-            Self::ObjectStore { status, .. } => {
-                status.is_none_or(|s| s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error())
-            }
-        }
-    }
-
-    /// A merge lakeFS refused without merging, so that trying again is safe: the branch was
-    /// locked by another merge (423, or 500 "locked") or the caller was throttled (429). A 503
-    /// is not among them: a gateway may answer it for a request lakeFS already acted on.
-    pub fn merge_refused(&self) -> Option<StatusCode> {
-        match self {
-            Self::Status {
-                status, message, ..
-            } if *status == StatusCode::LOCKED
-                || *status == StatusCode::TOO_MANY_REQUESTS
-                || (*status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked")) =>
-            {
-                Some(*status)
-            }
-            _ => None,
-        }
-    }
-
-    /// What this error says of a merge's effect on its destination (the merge is never
-    /// retried after an answer that leaves it open).
-    pub fn merge_outcome(&self) -> MergeOutcome {
-        match self {
-            Self::Transport { sent: false, .. } => MergeOutcome::NotApplied,
-            Self::Transport { sent: true, .. } => MergeOutcome::Unknown,
-            Self::Status {
-                status, message, ..
-            } => MergeOutcome::of_status(*status, message),
-            // Only a successful answer is decoded: lakeFS merged.
-            Self::Decode { .. } => MergeOutcome::Applied,
-            // Not merge calls: nothing reached the branch.
-            Self::ObjectStore { .. } | Self::UnexpectedHost { .. } => MergeOutcome::NotApplied,
-        }
-    }
-}
-
-/// The words between a failed call's ref and its cause, by what came back (the `Display` of
-/// [`LakeFsError`]; [`MergeOutcome::of_reason`] reads them back).
-const FAILED: &str = "failed";
-const NOT_SENT: &str = "could not be sent";
-const UNREADABLE: &str = "returned an unreadable answer";
-
-/// What a failed merge did to its destination branch, decided from whether the request was
-/// sent and what came back. The sidecar's failure metric, its warning and `kubectl perago
-/// explain` all read it from here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MergeOutcome {
-    /// Never sent, or refused: a 4xx, or lakeFS's 500 for a branch locked by another merge.
-    NotApplied,
-    /// Sent and not answered (a timeout, a lost connection), or a 5xx that a server or a
-    /// gateway in front of it may send after lakeFS acted: only the branch can tell.
-    Unknown,
-    /// lakeFS answered that it merged, but the answer could not be read (no `reference`).
-    Applied,
-}
-
-impl MergeOutcome {
-    fn of_status(status: StatusCode, message: &str) -> Self {
-        let locked = status == StatusCode::INTERNAL_SERVER_ERROR && message.contains("locked");
-        if status.is_server_error() && !locked {
-            Self::Unknown
-        } else {
-            Self::NotApplied
-        }
-    }
-
-    /// The merge may have landed: only the branch's history can tell.
-    pub fn may_have_landed(self) -> bool {
-        self != Self::NotApplied
-    }
-
-    /// The outcome a failure reason names, when it is a merge's [`LakeFsError`] as the sidecar
-    /// reports it; `None` for any other reason.
-    pub fn of_reason(reason: &str) -> Option<Self> {
-        let rest = reason.trim().strip_prefix("lakeFS merge on ")?;
-        // Repository and branch names hold no spaces: the first of these words is the split.
-        let (at, words) = [FAILED, NOT_SENT, UNREADABLE]
-            .into_iter()
-            .filter_map(|w| rest.find(&format!(" {w}: ")).map(|at| (at, w)))
-            .min()?;
-        let cause = &rest[at + words.len() + 3..];
-        Some(match words {
-            NOT_SENT => Self::NotApplied,
-            UNREADABLE => Self::Applied,
-            _ => match cause.strip_prefix("HTTP ") {
-                Some(answer) => {
-                    let code = answer.get(..3).and_then(|c| c.parse::<u16>().ok())?;
-                    let status = StatusCode::from_u16(code).ok()?;
-                    let message = answer.split_once(": ").map_or("", |(_, m)| m);
-                    Self::of_status(status, message)
-                }
-                None => Self::Unknown,
-            },
-        })
-    }
-}
-
 /// One object of a listing.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct ObjectEntry {
@@ -408,20 +163,11 @@ struct Page<T> {
 }
 
 /// A local file an upload could not read: final, and nothing was sent.
-fn unreadable_file(
-    call: Call<'_>,
-    branch: &str,
-    file: &std::path::Path,
-    e: std::io::Error,
-) -> LakeFsError {
-    LakeFsError::Transport {
-        call: call.name,
-        repository: call.repository.to_owned(),
-        reference: quoted_ref(branch),
-        timeout: false,
-        sent: false,
-        detail: format!("reading {}: {e}", clip_path(file)),
-    }
+fn unreadable_file(call: Call<'_>, file: &std::path::Path, e: std::io::Error) -> LakeFsError {
+    call.error(ErrorKind::NotSent(format!(
+        "reading {}: {e}",
+        clip_path(file)
+    )))
 }
 
 /// Why one upload try failed: the local file could not be read (final), or lakeFS refused.
@@ -860,7 +606,7 @@ impl LakeFsClient {
         let sent = (|| async {
             let body = Opened::open(file)
                 .await
-                .map_err(|e| Upload::Unreadable(unreadable_file(call, branch, file, e)))?
+                .map_err(|e| Upload::Unreadable(unreadable_file(call, file, e)))?
                 .into_body(None);
             let request = self
                 .request(Method::POST, &path, timeout)
@@ -963,7 +709,7 @@ impl LakeFsClient {
         let sent = (|| async {
             let opened = Opened::open(file)
                 .await
-                .map_err(|e| Upload::Unreadable(unreadable_file(call, branch, file, e)))?;
+                .map_err(|e| Upload::Unreadable(unreadable_file(call, file, e)))?;
             let length = opened.len();
             let tally = direct::Tally::default();
             let response = self
@@ -1288,13 +1034,6 @@ pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<
     Err(Call::new("delete objects", repository, branch).refused(status, message))
 }
 
-/// A failed HTTP request's text with its whole cause chain but without the request URL
-/// (reqwest puts the URL, query included, before the cause; in a reason cut to
-/// `PERAGO_FAILURE_REASON_MAX_LENGTH` the cause would be lost). Callers name the call instead.
-pub fn request_error(e: reqwest::Error) -> String {
-    perago_contract::error_chain(&e.without_url())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1426,102 +1165,5 @@ mod tests {
             branch_commit("lake", "main", &json!({"commit_id": "c0ffee"})).unwrap(),
             "c0ffee"
         );
-    }
-
-    /// lakeFS's answer `status` with `message` to `call` on lake@main.
-    fn refused(call: &'static str, status: u16, message: &str) -> LakeFsError {
-        Call::new(call, "lake", "main")
-            .refused(StatusCode::from_u16(status).unwrap(), message.into())
-    }
-
-    #[test]
-    fn transient_answers() {
-        let status = |s: u16, m: &str| refused("c", s, m);
-        assert!(status(429, "").transient());
-        assert!(status(503, "").transient());
-        assert!(status(500, "branch is currently locked, try again later").transient());
-        assert!(
-            status(500, "postgres get: unexpected EOF").transient(),
-            "lakeFS's database was away"
-        );
-        assert!(status(502, "").transient());
-        assert!(!status(404, "").transient());
-        assert_eq!(
-            status(404, "branch not found").to_string(),
-            "lakeFS c on lake@main failed: HTTP 404 Not Found: branch not found"
-        );
-    }
-
-    /// Every merge error the client makes, formatted as the sidecar reports it and read back
-    /// as explain reads it, gives the outcome the error itself names.
-    #[test]
-    fn merge_outcomes_survive_their_reason_text() {
-        let status = |s: u16, m: &str| refused("merge", s, m);
-        let transport = |sent: bool, detail: &str| LakeFsError::Transport {
-            call: "merge",
-            repository: "lake".into(),
-            reference: "main".into(),
-            detail: detail.into(),
-            timeout: detail.contains("timed out"),
-            sent,
-        };
-        let cases = [
-            (
-                transport(
-                    false,
-                    "error sending request: tcp connect error: Connection refused",
-                ),
-                MergeOutcome::NotApplied,
-            ),
-            (
-                transport(true, "error sending request: operation timed out"),
-                MergeOutcome::Unknown,
-            ),
-            (
-                transport(
-                    true,
-                    "connection closed before message completed; HTTP 500 failed: x",
-                ),
-                MergeOutcome::Unknown,
-            ),
-            (status(409, "conflict found"), MergeOutcome::NotApplied),
-            (
-                status(
-                    412,
-                    "pre-merge hook aborted: perago hard fence: main is at H, expected E",
-                ),
-                MergeOutcome::NotApplied,
-            ),
-            (status(423, "locked"), MergeOutcome::NotApplied),
-            (status(429, ""), MergeOutcome::NotApplied),
-            (
-                status(500, "branch is currently locked, try again later"),
-                MergeOutcome::NotApplied,
-            ),
-            (status(500, "internal error"), MergeOutcome::Unknown),
-            (status(502, "bad gateway"), MergeOutcome::Unknown),
-            (status(503, ""), MergeOutcome::Unknown),
-            (
-                merge_reference("lake", "main", &json!({})).unwrap_err(),
-                MergeOutcome::Applied,
-            ),
-        ];
-        for (error, outcome) in cases {
-            assert_eq!(error.merge_outcome(), outcome, "{error}");
-            assert_eq!(
-                MergeOutcome::of_reason(&error.to_string()),
-                Some(outcome),
-                "{error}"
-            );
-        }
-        assert!(!MergeOutcome::NotApplied.may_have_landed());
-        assert!(MergeOutcome::Unknown.may_have_landed() && MergeOutcome::Applied.may_have_landed());
-        for other in [
-            "lakeFS commit on lake@perago-staging-x failed: error sending request: timed out",
-            "main advanced from A to H",
-            "lakeFS merge on lake@main",
-        ] {
-            assert_eq!(MergeOutcome::of_reason(other), None, "{other}");
-        }
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 use serde::Serialize;
 
-use perago_lakefs::{LakeFsClient, LakeFsError};
+use perago_lakefs::{ErrorKind, LakeFsClient, LakeFsError};
 use perago_workspace::hard_fence::{fences_branch, is_hard_fence, pre_merge_branches};
 
 use crate::Failure;
@@ -193,10 +193,12 @@ enum Write {
 }
 
 fn protected(e: &LakeFsError) -> Option<String> {
-    match e {
-        LakeFsError::Status {
-            status, message, ..
-        } if status.as_u16() == 403 && message.contains("protected") => Some(message.clone()),
+    match &e.kind {
+        ErrorKind::Status { status, message }
+            if status.as_u16() == 403 && message.contains("protected") =>
+        {
+            Some(message.clone())
+        }
         _ => None,
     }
 }
