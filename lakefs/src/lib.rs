@@ -10,28 +10,29 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::de::IgnoredAny;
+use serde_json::json;
 
 use backon::Retryable;
 
 use perago_contract::url::path_segment as segment;
 
-use perago_contract::text::{QUOTED_MAX, clip, clip_path};
+use perago_contract::text::clip_path;
 
+mod answer;
 pub mod direct;
 mod error;
 pub mod flags;
 mod merge;
 mod retry;
 
+use answer::Page;
+pub use answer::{Commit, ObjectEntry};
+#[doc(hidden)] // public for the fuzz targets
+pub use answer::{MergeResult, ObjectError, ObjectErrorList, Ref, decode, error_message, page};
 pub use error::{Call, ErrorKind, LakeFsError, REF_MAX, request_error};
 pub use merge::MergeOutcome;
 pub use retry::idempotent_call as retries;
-
-/// Longest non-JSON error body an error quotes (lakeFS's JSON `message` is the cause and is
-/// quoted whole, last).
-const MESSAGE_MAX: usize = 300;
 
 /// The largest block an upload reads from its file at once (per transfer, so memory stays
 /// bounded by the transfer parallelism). 256 KiB keeps 16 transfers of 1 MiB files to a few
@@ -104,62 +105,6 @@ impl Opened {
             }
         }
     }
-}
-
-/// One object of a listing.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-pub struct ObjectEntry {
-    pub path: String,
-    pub path_type: String,
-    #[serde(default)]
-    pub checksum: String,
-    #[serde(default)]
-    pub size_bytes: Option<u64>,
-    /// Where the bytes are: with `presign`, a URL to read them from until
-    /// `physical_address_expiry` (seconds since the epoch).
-    #[serde(default)]
-    pub physical_address: String,
-    #[serde(default)]
-    pub physical_address_expiry: Option<i64>,
-}
-
-impl ObjectEntry {
-    /// The URL to read the object from, when lakeFS presigned one.
-    pub fn presigned_url(&self) -> Option<&str> {
-        self.physical_address_expiry
-            .is_some()
-            .then_some(self.physical_address.as_str())
-            .filter(|a| a.starts_with("http://") || a.starts_with("https://"))
-    }
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-pub struct Commit {
-    pub id: String,
-    #[serde(default)]
-    pub parents: Vec<String>,
-    #[serde(default)]
-    pub message: String,
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    pub committer: String,
-    /// Seconds since the epoch.
-    #[serde(default)]
-    pub creation_date: i64,
-}
-
-#[derive(Deserialize)]
-struct Pagination {
-    has_more: bool,
-    #[serde(default)]
-    next_offset: String,
-}
-
-#[derive(Deserialize)]
-struct Page<T> {
-    pagination: Pagination,
-    results: Vec<T>,
 }
 
 /// A local file an upload could not read: final, and nothing was sent.
@@ -534,10 +479,10 @@ impl LakeFsClient {
             segment(repository),
             segment(branch)
         );
-        let answer: Value = self
+        let answer: Ref = self
             .json_retried(call, || self.request(Method::GET, &path, self.timeout))
             .await?;
-        branch_commit(repository, branch, &answer)
+        answer.commit(call)
     }
 
     /// Create `name` from `source`; fails (409) if it exists.
@@ -778,12 +723,12 @@ impl LakeFsClient {
         );
         for chunk in keys.chunks(PAGE as usize) {
             let body = json!({"paths": chunk});
-            let answer: Value = self
+            let answer: ObjectErrorList = self
                 .json_retried(call, || {
                     self.request(Method::POST, &path, self.timeout).json(&body)
                 })
                 .await?;
-            delete_failure(repository, branch, &answer)?;
+            answer.check(call)?;
         }
         Ok(())
     }
@@ -828,10 +773,10 @@ impl LakeFsClient {
             segment(destination)
         );
         let body = json!({"metadata": metadata, "squash_merge": true});
-        let answer: Value = self
+        let answer: MergeResult = self
             .json_once(call, self.request(Method::POST, &path, timeout).json(&body))
             .await?;
-        merge_reference(repository, destination, &answer)
+        answer.commit(call)
     }
 
     /// How many uncommitted changes `branch` holds, reading at most `amount`; the flag says
@@ -849,7 +794,8 @@ impl LakeFsClient {
             segment(branch)
         );
         let amount = amount.clamp(1, PAGE).to_string();
-        let page: Page<Value> = self
+        // Only counted: each change is read past, not decoded.
+        let page: Page<IgnoredAny> = self
             .json_retried(call, || {
                 self.request(Method::GET, &path, self.timeout)
                     .query(&[("amount", amount.as_str())])
@@ -866,11 +812,12 @@ impl LakeFsClient {
     ) -> Result<Vec<String>, LakeFsError> {
         let call = Call::new("list branches", repository, prefix);
         let path = format!("/repositories/{}/branches", segment(repository));
-        let branches: Vec<Value> = self.list_prefixed(call, &path, prefix).await?;
+        let branches: Vec<Ref> = self.list_prefixed(call, &path, prefix).await?;
+        // An entry without a name is no branch to act on.
         Ok(branches
-            .iter()
-            .filter_map(|b| b.get("id").and_then(Value::as_str))
-            .map(str::to_owned)
+            .into_iter()
+            .map(|b| b.id)
+            .filter(|id| !id.is_empty())
             .collect())
     }
 
@@ -912,126 +859,6 @@ impl LakeFsClient {
         )
         .await
     }
-}
-
-// The decoding of lakeFS's answers, apart from the calls so that the fuzz targets reach it.
-
-/// The message of a failed call's answer: lakeFS's JSON `message`, else the start of the body.
-#[doc(hidden)] // public for the fuzz targets
-pub fn error_message(text: &str) -> String {
-    serde_json::from_str::<Value>(text)
-        .ok()
-        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| text.chars().take(MESSAGE_MAX).collect())
-}
-
-/// A successful call's JSON answer as `T`.
-#[doc(hidden)] // public for the fuzz targets
-pub fn decode<T: serde::de::DeserializeOwned>(
-    call: Call<'_>,
-    bytes: &[u8],
-) -> Result<T, LakeFsError> {
-    serde_json::from_slice(bytes).map_err(|e| call.unreadable(perago_contract::error_chain(&e)))
-}
-
-/// One page of a paginated listing, listed after the offset `after`: its results, and the
-/// offset to list on from when lakeFS has more.
-#[doc(hidden)] // public for the fuzz targets
-pub fn page<T: serde::de::DeserializeOwned>(
-    call: Call<'_>,
-    after: &str,
-    bytes: &[u8],
-) -> Result<(Vec<T>, Option<String>), LakeFsError> {
-    decode::<Page<T>>(call, bytes)?.into_parts(call, after)
-}
-
-impl<T> Page<T> {
-    /// A page that has more results but no new offset is refused: listing on from it would
-    /// fetch the same page forever.
-    fn into_parts(
-        self,
-        call: Call<'_>,
-        after: &str,
-    ) -> Result<(Vec<T>, Option<String>), LakeFsError> {
-        if !self.pagination.has_more {
-            return Ok((self.results, None));
-        }
-        let next = self.pagination.next_offset;
-        let problem = if next.is_empty() {
-            "the page has more results but no next_offset".to_owned()
-        } else if next == after {
-            format!(
-                "the page has more results but its next_offset is the offset it was listed after ('{}')",
-                clip(after, QUOTED_MAX)
-            )
-        } else {
-            return Ok((self.results, Some(next)));
-        };
-        Err(call.unreadable(problem))
-    }
-}
-
-/// The commit of a get-branch answer.
-#[doc(hidden)] // public for the fuzz targets
-pub fn branch_commit(
-    repository: &str,
-    branch: &str,
-    answer: &Value,
-) -> Result<String, LakeFsError> {
-    answer
-        .get("commit_id")
-        .and_then(Value::as_str)
-        .filter(|c| !c.is_empty())
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            Call::new("get branch", repository, branch).unreadable("no commit_id".into())
-        })
-}
-
-/// The new commit of a merge answer.
-#[doc(hidden)] // public for the fuzz targets
-pub fn merge_reference(
-    repository: &str,
-    destination: &str,
-    answer: &Value,
-) -> Result<String, LakeFsError> {
-    answer
-        .get("reference")
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            Call::new("merge", repository, destination)
-                .unreadable("the merge result has no reference".into())
-        })
-}
-
-/// The first failure a delete-objects answer reports, as an error.
-#[doc(hidden)] // public for the fuzz targets
-pub fn delete_failure(repository: &str, branch: &str, answer: &Value) -> Result<(), LakeFsError> {
-    let Some(first) = answer
-        .get("errors")
-        .and_then(Value::as_array)
-        .and_then(|e| e.first())
-    else {
-        return Ok(());
-    };
-    let status = first
-        .get("status_code")
-        .and_then(Value::as_u64)
-        .and_then(|c| u16::try_from(c).ok())
-        .and_then(|c| StatusCode::from_u16(c).ok())
-        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    // lakeFS's message first, then the (possibly long) key.
-    let message = format!(
-        "{} (object '{}')",
-        first.get("message").and_then(Value::as_str).unwrap_or(""),
-        clip(
-            first.get("path").and_then(Value::as_str).unwrap_or("?"),
-            QUOTED_MAX
-        )
-    );
-    Err(Call::new("delete objects", repository, branch).refused(status, message))
 }
 
 #[cfg(test)]
@@ -1143,27 +970,5 @@ mod tests {
             .expect("the log ends");
             assert!(logged.is_err(), "{logged:?}");
         }
-    }
-
-    /// Found by the `lakefs_response` fuzz target: an empty `commit_id` was taken for the
-    /// branch's head, and the publish fence then asked lakeFS for the log of ref `""`.
-    #[test]
-    fn a_branch_answer_without_a_commit_is_refused() {
-        for answer in [
-            json!({"id": "main", "commit_id": ""}),
-            json!({"id": "main"}),
-        ] {
-            assert_eq!(
-                branch_commit("lake", "main", &answer)
-                    .unwrap_err()
-                    .to_string(),
-                "lakeFS get branch on lake@main returned an unreadable answer: no commit_id",
-                "{answer}"
-            );
-        }
-        assert_eq!(
-            branch_commit("lake", "main", &json!({"commit_id": "c0ffee"})).unwrap(),
-            "c0ffee"
-        );
     }
 }

@@ -148,7 +148,8 @@ mod tests {
             (status(502, "bad gateway"), MergeOutcome::Unknown),
             (status(503, ""), MergeOutcome::Unknown),
             (
-                crate::merge_reference("lake", "main", &serde_json::json!({}))
+                crate::decode::<crate::MergeResult>(merge, b"{}")
+                    .and_then(|m| m.commit(merge))
                     .expect_err("no reference"),
                 MergeOutcome::Applied,
             ),
