@@ -5,6 +5,7 @@
 mod client;
 mod error;
 pub mod flags;
+mod status;
 mod workflow;
 
 pub use client::{
@@ -14,4 +15,5 @@ pub use error::{ConductorError, ErrorKind};
 pub use perago_contract::ConductorCredentials as Credentials;
 /// Reading a private CA bundle, as every client here does.
 pub use perago_contract::trust;
+pub use status::TaskStatus;
 pub use workflow::{Workflow, WorkflowTask};

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
+use crate::TaskStatus;
+
 /// The part of a workflow execution `GET /workflow/{id}` gives that its readers use. Missing
 /// and `null` fields read as empty.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -35,7 +37,7 @@ pub struct WorkflowTask {
     #[serde(default, deserialize_with = "nullable")]
     pub reference_task_name: String,
     #[serde(default, deserialize_with = "nullable")]
-    pub status: String,
+    pub status: TaskStatus,
     #[serde(default, deserialize_with = "nullable")]
     pub reason_for_incompletion: String,
     #[serde(default, deserialize_with = "nullable")]

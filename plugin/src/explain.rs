@@ -12,7 +12,7 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use perago_conductor::{Workflow, WorkflowTask};
+use perago_conductor::{TaskStatus, Workflow, WorkflowTask};
 use perago_lakefs::{Commit, LakeFsClient, LakeFsError, MergeOutcome};
 use perago_workspace::attempt::AttemptSnapshot;
 use perago_workspace::history::confirm_of;
@@ -29,9 +29,6 @@ use crate::output::{Table, cell, columns, short};
 /// How many commits of the target branch's first-parent history are searched for an
 /// attempt's confirm commit, from the head down to the attempt's input ref.
 pub const SEARCH_LIMIT: usize = 1000;
-
-/// Conductor statuses of an attempt that is not over.
-const RUNNING: [&str; 2] = ["SCHEDULED", "IN_PROGRESS"];
 
 #[derive(Args, Debug)]
 pub struct ExplainArgs {
@@ -73,7 +70,7 @@ pub struct AttemptView {
     /// Conductor's retryCount.
     pub attempt: i64,
     pub task_id: String,
-    pub status: String,
+    pub status: TaskStatus,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub reason: String,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -607,7 +604,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
     };
     let next_name = next.map(|n| format!("retry {}", n.attempt));
 
-    if RUNNING.contains(&a.status.as_str()) {
+    if a.status.is_running() {
         let mut words = format!("still running ({}", a.status);
         if !a.worker_id.is_empty() {
             words.push_str(&format!(" on {}", a.worker_id));
@@ -628,7 +625,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
         };
     }
 
-    if a.status == "COMPLETED" {
+    if a.status == TaskStatus::Completed {
         let input = f.input_ref.as_deref();
         return match (a.output_ref.as_deref(), confirm) {
             (Some(out), _) if Some(out) == input => Verdict::new(
@@ -679,7 +676,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
                 "{} completed on it: its workspace was already there",
                 next_name.clone().unwrap_or_default()
             ),
-            (None, Some(n)) if RUNNING.contains(&n.status.as_str()) => format!(
+            (None, Some(n)) if n.status.is_running() => format!(
                 "{} is {}: its publish fence will find this commit and publish on top of it",
                 next_name.clone().unwrap_or_default(),
                 n.status
@@ -750,7 +747,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
                         short(c2)
                     )
                 }
-                None if RUNNING.contains(&n.status.as_str()) => format!(
+                None if n.status.is_running() => format!(
                     "the next attempt's publish fence, when {} reaches it, or running explain again",
                     next_name.clone().unwrap_or_default()
                 ),
@@ -798,7 +795,7 @@ fn decide(a: &AttemptView, next: Option<&AttemptView>) -> Verdict {
     } else {
         format!("not published: {}", a.reason)
     };
-    if a.status == "FAILED_WITH_TERMINAL_ERROR" {
+    if a.status == TaskStatus::FailedWithTerminalError {
         words.push_str(" (terminal: the body did not run and Conductor does not retry it)");
     }
     if let Some(s) = staged() {
@@ -871,7 +868,7 @@ impl Table for ExplainView {
                 .map(|a| {
                     vec![
                         a.attempt.to_string(),
-                        cell(&a.status, 30),
+                        cell(a.status.as_str(), 30),
                         cell(&a.task_id, 40),
                         cell(&a.worker_id, 40),
                         a.started.clone().unwrap_or_else(|| "-".into()),

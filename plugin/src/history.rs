@@ -177,7 +177,7 @@ async fn view(
 async fn task_status(conductor: &ConductorClient, task_id: &str) -> anyhow::Result<String> {
     Ok(janitor::task_now(conductor, task_id)
         .await?
-        .map_or_else(|| "gone".to_owned(), |(status, _)| status))
+        .map_or_else(|| "gone".to_owned(), |(status, _)| status.to_string()))
 }
 
 fn link_supersessions(commits: &mut [CommitView]) {

@@ -634,7 +634,7 @@ const CLOCK_PROBE: &str = "clock-probe";
 /// second time to this same worker (docs/design.md#attempt-fence); a task polled without one
 /// is compared without it.
 fn still_current(polled: &AttemptSnapshot, fresh: &AttemptSnapshot, worker_id: &str) -> bool {
-    fresh.status == "IN_PROGRESS"
+    fresh.status == perago_conductor::TaskStatus::InProgress
         && fresh.workflow_instance_id == polled.workflow_instance_id
         && fresh.task_id == polled.task_id
         && fresh.retry_count == polled.retry_count

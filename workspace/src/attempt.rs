@@ -1,6 +1,7 @@
 //! The typed attempt snapshot of a Conductor task, built from the raw task JSON with the
 //! reference's required-field rules, and the identities derived from it.
 
+use perago_conductor::TaskStatus;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -13,7 +14,7 @@ pub struct AttemptSnapshot {
     pub reference_task_name: String,
     pub seq: i64,
     pub iteration: i64,
-    pub status: String,
+    pub status: TaskStatus,
     pub input_data: Map<String, Value>,
     pub retried_task_id: Option<String>,
     pub response_timeout_seconds: Option<i64>,
@@ -88,7 +89,7 @@ impl AttemptSnapshot {
         let reference_task_name = string(task, "referenceTaskName", "reference_task_name")?;
         let seq = required_int(task, "seq", "seq")?;
         let iteration = optional_int(task, "iteration", "iteration")?.unwrap_or(0);
-        let status = string(task, "status", "status")?;
+        let status = TaskStatus::from(string(task, "status", "status")?.as_str());
         let input_data = match task.get("inputData") {
             None | Some(Value::Null) => return Err(SnapshotError::Missing("input_data")),
             Some(Value::Object(m)) => m.clone(),

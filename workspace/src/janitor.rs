@@ -18,22 +18,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use thiserror::Error;
 
-use perago_conductor::{ConductorClient, ConductorError};
+use perago_conductor::{ConductorClient, ConductorError, TaskStatus};
 use perago_lakefs::{LakeFsClient, LakeFsError};
 
 use crate::publication::{Key, Phase};
 use crate::staging::{self, StagingBranch};
-
-/// Conductor's statuses from which a task never runs again.
-const TERMINAL: [&str; 7] = [
-    "COMPLETED",
-    "COMPLETED_WITH_ERRORS",
-    "FAILED",
-    "FAILED_WITH_TERMINAL_ERROR",
-    "TIMED_OUT",
-    "CANCELED",
-    "SKIPPED",
-];
 
 #[derive(Debug, Error)]
 pub enum JanitorError {
@@ -63,10 +52,10 @@ pub struct Verdict {
 pub async fn task_now(
     conductor: &ConductorClient,
     task_id: &str,
-) -> Result<Option<(String, Option<String>)>, JanitorError> {
+) -> Result<Option<(TaskStatus, Option<String>)>, JanitorError> {
     match conductor.task(task_id).await {
         Ok(task) => Ok(Some((
-            task["status"].as_str().unwrap_or("UNKNOWN").to_owned(),
+            TaskStatus::from(task["status"].as_str().unwrap_or("UNKNOWN")),
             task["taskDefName"]
                 .as_str()
                 .or_else(|| task["taskType"].as_str())
@@ -130,7 +119,7 @@ async fn judge_one(
     match task_now(conductor, id).await? {
         Some((status, task_type)) => {
             verdict.task_type = task_type.or(verdict.task_type);
-            verdict.delete = TERMINAL.contains(&status.as_str());
+            verdict.delete = status.is_terminal();
             verdict.why = format!("its task is {status}");
         }
         None => {
