@@ -144,6 +144,8 @@ type Writer = Arc<Mutex<UnixStream>>;
 fn send(writer: &Writer, message: &RunnerMessage) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
     line.push(b'\n');
+    // std's lock, as the runner links nothing beyond its contract (ADR 0013); a writer that
+    // panicked mid-line leaves at worst a line the sidecar refuses, so the next one is sent.
     let mut stream = writer
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

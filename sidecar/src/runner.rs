@@ -13,7 +13,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -108,11 +110,7 @@ impl RunnerHub {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the table half-updated in a way that
-        // matters more than stopping; keep serving.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock()
     }
 
     fn bump(&self, state: &State) {

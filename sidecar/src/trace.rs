@@ -11,7 +11,9 @@
 //! and counted (`perago_sidecar_trace_spans_dropped_total`).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -128,7 +130,7 @@ struct SpanQueue {
 impl SpanQueue {
     fn push(&self, spans: Vec<Span>) {
         let n = spans.len();
-        let mut queue = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut queue = self.spans.lock();
         if queue.len() + n > self.capacity {
             drop(queue);
             self.counters
@@ -146,7 +148,7 @@ impl SpanQueue {
     }
 
     fn take(&self) -> Vec<Span> {
-        let mut queue = self.spans.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut queue = self.spans.lock();
         let n = queue.len().min(BATCH);
         queue.drain(..n).collect()
     }
@@ -408,7 +410,7 @@ impl AttemptTrace {
 
     fn with(&self, f: impl FnOnce(&mut Timeline)) {
         if let Some(timeline) = &self.0 {
-            f(&mut timeline.lock().unwrap_or_else(PoisonError::into_inner));
+            f(&mut timeline.lock());
         }
     }
 
@@ -449,14 +451,14 @@ impl AttemptTrace {
     /// The W3C `traceparent` of the current phase, for the body to continue the trace.
     pub fn traceparent(&self) -> Option<String> {
         let timeline = self.0.as_ref()?;
-        let t = timeline.lock().unwrap_or_else(PoisonError::into_inner);
+        let t = timeline.lock();
         let span = t.open.as_ref()?;
         Some(format!("00-{}-{}-01", hex(&t.trace_id), hex(&span.span_id)))
     }
 
     /// End the attempt now: the root span last, with the outcome.
     fn into_spans(self, outcome: &TraceOutcome<'_>) -> Option<Vec<Span>> {
-        let mut t = self.0?.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let mut t = self.0?.into_inner();
         let now = SystemTime::now();
         t.close(now);
         t.root.end_time_unix_nano = nanos(now);

@@ -3,7 +3,9 @@
 //! gauge and warns once when the fence is missing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus::IntGaugeVec;
@@ -42,7 +44,7 @@ impl HardFenceWatch {
     pub fn note(self: &Arc<Self>, repository: &str, branch: &str) {
         let target = (repository.to_owned(), branch.to_owned());
         let due = {
-            let mut checked = self.checked.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut checked = self.checked.lock();
             let due = checked
                 .get(&target)
                 .is_none_or(|at| at.elapsed() >= RECHECK);
@@ -70,11 +72,7 @@ impl HardFenceWatch {
             }
             Ok(None) => {
                 gauge.set(0);
-                let first = self
-                    .warned
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(target.clone());
+                let first = self.warned.lock().insert(target.clone());
                 if first {
                     warn!(
                         repository,
@@ -86,10 +84,7 @@ impl HardFenceWatch {
             Err(e) => {
                 // Unknown for now: the gauge keeps its last value and the next publication
                 // checks again.
-                self.checked
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&target);
+                self.checked.lock().remove(&target);
                 warn!(repository, branch, error = %e, "checking for the hard fence failed; the next publication checks again");
             }
         }

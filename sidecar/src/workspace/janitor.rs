@@ -3,7 +3,9 @@
 //! those of its own task type whose attempt can no longer publish are removed.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -34,10 +36,7 @@ impl StagingSweep {
 
     /// An attempt of this sidecar wrote (or tried to write) to `repository`.
     pub fn note(&self, repository: &str) {
-        self.repositories
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(repository.to_owned());
+        self.repositories.lock().insert(repository.to_owned());
     }
 
     /// Sweep every period until the task is dropped; `removed` counts each removal.
@@ -53,13 +52,7 @@ impl StagingSweep {
         ticks.tick().await;
         loop {
             ticks.tick().await;
-            let repositories: Vec<String> = self
-                .repositories
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .cloned()
-                .collect();
+            let repositories: Vec<String> = self.repositories.lock().iter().cloned().collect();
             for repository in repositories {
                 removed.inc_by(self.sweep(&lakefs, &conductor, &repository).await);
             }
