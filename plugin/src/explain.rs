@@ -954,7 +954,10 @@ impl Table for ExplainView {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+    use crate::output::{Format, render};
 
     #[test]
     fn times_print_in_utc() {
@@ -1056,6 +1059,597 @@ mod tests {
                 MergeOutcome::of_reason(reason).is_some_and(MergeOutcome::may_have_landed);
             assert_eq!(may_have_landed, uncertain, "{reason}");
         }
+    }
+
+    /// Commit ids longer than the 12 characters people read.
+    const INPUT: &str = "1npu7000000000000000";
+    const C: &str = "c0nf1rm00000000000aa";
+    const C2: &str = "c0nf1rm22222222222bb";
+    const TRY: &str = "7ry0000000000000cccc";
+    const OUT: &str = "0u7pu7000000000000dd";
+    const STAGING: &str = "perago-staging-step-task-id-t-retry-0-e";
+
+    fn attempt(retry: i64, status: TaskStatus) -> AttemptView {
+        AttemptView {
+            attempt: retry,
+            task_id: format!("t-{retry}"),
+            status,
+            reason: String::new(),
+            worker_id: String::new(),
+            started: None,
+            ended: None,
+            workspace: WorkspaceView::Valid {
+                repository: "r".into(),
+                branch: "main".into(),
+                input_ref: INPUT.into(),
+            },
+            output_ref: None,
+            staging: Vec::new(),
+            search: Some(SearchView {
+                branch: "main".into(),
+                searched: 1,
+                reached_input_ref: true,
+                bounded: false,
+                confirm: None,
+                superseded_by: None,
+            }),
+            note: None,
+            verdict: Verdict::new(VerdictKind::NotPublished, String::new()),
+            facts: Facts {
+                branch: "main".into(),
+                input_ref: Some(INPUT.into()),
+                ..Facts::default()
+            },
+        }
+    }
+
+    /// How each case is built: the attempt's own facts, set one by one.
+    impl AttemptView {
+        fn worker(mut self, w: &str) -> Self {
+            self.worker_id = w.into();
+            self
+        }
+        fn reason(mut self, r: &str) -> Self {
+            self.reason = r.into();
+            self
+        }
+        fn output(mut self, o: &str) -> Self {
+            self.output_ref = Some(o.into());
+            self
+        }
+        fn staged(mut self, try_commit: &str) -> Self {
+            self.staging.push(StagingView {
+                branch: STAGING.into(),
+                head: try_commit.into(),
+                try_commit: Some(try_commit.into()),
+            });
+            self
+        }
+        /// Its confirm commit, published on `expected` superseding `supersedes` ("" for none).
+        fn confirm(mut self, id: &str, expected: &str, supersedes: &str) -> Self {
+            if let Some(s) = &mut self.search {
+                s.confirm = Some(id.into());
+            }
+            self.facts.confirm_base = Some((expected.into(), supersedes.into()));
+            self
+        }
+        fn superseded(mut self, by: &str, retry: &str) -> Self {
+            if let Some(s) = &mut self.search {
+                s.superseded_by = Some(by.into());
+            }
+            self.facts.superseded_by = Some((by.into(), retry.into()));
+            self
+        }
+        fn reports_publication_of(mut self, retry: &str) -> Self {
+            self.facts.reported_publication_of = Some(retry.into());
+            self
+        }
+        fn bounded(mut self) -> Self {
+            if let Some(s) = &mut self.search {
+                (s.searched, s.reached_input_ref, s.bounded) = (SEARCH_LIMIT, false, true);
+            }
+            self
+        }
+        fn input_gone(mut self) -> Self {
+            if let Some(s) = &mut self.search {
+                s.reached_input_ref = false;
+            }
+            self
+        }
+        fn unsearched(mut self) -> Self {
+            self.search = None;
+            self
+        }
+    }
+
+    const TIMED_OUT_MERGE: &str =
+        "lakeFS merge on r@main failed: error sending request: operation timed out";
+    const UNREADABLE_MERGE: &str = "lakeFS merge on r@main returned an unreadable answer: EOF";
+
+    /// Every case `decide` tells apart, as (name, the attempt, the next one, the words).
+    fn cases() -> Vec<(&'static str, AttemptView, Option<AttemptView>, &'static str)> {
+        use TaskStatus::*;
+        vec![
+            (
+                "running on a worker",
+                attempt(0, InProgress).worker("w-1"),
+                None,
+                "still running (IN_PROGRESS on w-1)",
+            ),
+            (
+                "scheduled, staged",
+                attempt(0, Scheduled).staged(TRY),
+                None,
+                "still running (SCHEDULED); staged 7ry000000000 on perago-staging-step-task-id-t-retry-0-e, not merged yet",
+            ),
+            (
+                "running, merged",
+                attempt(0, InProgress).worker("w-1").staged(TRY).confirm(C, INPUT, ""),
+                None,
+                "still running (IN_PROGRESS on w-1); its merge already landed as c0nf1rm00000, not reported yet",
+            ),
+            (
+                "completed on its input ref",
+                attempt(0, Completed).output(INPUT),
+                None,
+                "completed without publishing: read-only or nothing changed; its output ref is the input ref 1npu70000000",
+            ),
+            (
+                "published and reported",
+                attempt(0, Completed).confirm(C, INPUT, "").output(C),
+                None,
+                "published and reported: c0nf1rm00000 on main, its confirm commit and output ref",
+            ),
+            (
+                "reported an earlier publication",
+                attempt(1, Completed).output(OUT).reports_publication_of("0"),
+                None,
+                "published and reported: its workspace was already on main as 0u7pu7000000, the publication of attempt 0, which it reported as its output ref",
+            ),
+            (
+                "reported, no confirm commit",
+                attempt(0, Completed).output(OUT),
+                None,
+                "published and reported: Conductor has 0u7pu7000000 as its output ref, but no confirm commit of it is on main",
+            ),
+            (
+                "reported, no confirm commit in the newest searched",
+                attempt(0, Completed).output(OUT).bounded(),
+                None,
+                "published and reported: Conductor has 0u7pu7000000 as its output ref, but no confirm commit of it is on main (only the newest 1000 commits were searched: the input ref is further down)",
+            ),
+            (
+                "reported, the input ref gone",
+                attempt(0, Completed).output(OUT).input_gone(),
+                None,
+                "published and reported: Conductor has 0u7pu7000000 as its output ref, but no confirm commit of it is on main (the input ref is no longer on the branch's first-parent history)",
+            ),
+            (
+                "reported, lakeFS not searched",
+                attempt(0, Completed).output(OUT).unsearched(),
+                None,
+                "published and reported: Conductor has 0u7pu7000000 as its output ref, but no confirm commit of it is on main (lakeFS could not be searched)",
+            ),
+            (
+                "completed with no output",
+                attempt(0, Completed),
+                None,
+                "completed without publishing: Conductor has no workspace ref as its output",
+            ),
+            (
+                "unreported, superseded",
+                attempt(0, TimedOut).confirm(C, INPUT, "").superseded(C2, "1"),
+                Some(attempt(1, Completed).confirm(C2, C, C).output(C2)),
+                "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; retry 1 superseded it with c0nf1rm22222 (perago.supersedes)",
+            ),
+            (
+                "unreported, the retry completed on it",
+                attempt(0, TimedOut).confirm(C, INPUT, ""),
+                Some(attempt(1, Completed).output(C)),
+                "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; retry 1 completed on it: its workspace was already there",
+            ),
+            (
+                "unreported, the retry running",
+                attempt(0, TimedOut).confirm(C, INPUT, ""),
+                Some(attempt(1, InProgress)),
+                "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; retry 1 is IN_PROGRESS: its publish fence will find this commit and publish on top of it",
+            ),
+            (
+                "unreported, the retry failed",
+                attempt(0, Failed).confirm(C, INPUT, ""),
+                Some(attempt(1, Failed).reason("x")),
+                "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt FAILED; retry 1 (FAILED) did not supersede it",
+            ),
+            (
+                "unreported, no retry",
+                attempt(0, TimedOut).confirm(C, INPUT, ""),
+                None,
+                "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; no later attempt of this step exists, so it stands on main without a reported result (docs/operations.md, section A merge timed out)",
+            ),
+            (
+                "uncertain, the retry published superseding nothing",
+                attempt(0, Failed).reason(TIMED_OUT_MERGE).staged(TRY),
+                Some(attempt(1, Completed).confirm(C2, INPUT, "").output(C2)),
+                "outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main; its staging commit is 7ry000000000; the merge may still land. What settles it: the next attempt's publish fence: retry 1 published c0nf1rm22222 on 1npu70000000 superseding nothing, so this merge had not landed when it looked; run explain again to see whether this merge landed since",
+            ),
+            (
+                "uncertain, answered, the retry published on top of it",
+                attempt(0, Failed).reason(UNREADABLE_MERGE),
+                Some(attempt(1, Completed).confirm(C2, C, C).output(C2)),
+                "outcome uncertain: lakeFS answered its merge with success but the answer could not be read (EOF) and no confirm commit of it is on main; its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge landed. What settles it: the next attempt's publish fence: retry 1 published c0nf1rm22222 on top of c0nf1rm00000; run explain again to see whether this merge landed since",
+            ),
+            (
+                "uncertain, the retry running",
+                attempt(0, Failed).reason(TIMED_OUT_MERGE).bounded(),
+                Some(attempt(1, Scheduled)),
+                "outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main (only the newest 1000 commits were searched: the input ref is further down); its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge may still land. What settles it: the next attempt's publish fence, when retry 1 reaches it, or running explain again",
+            ),
+            (
+                "uncertain, the retry failed",
+                attempt(0, Failed).reason(TIMED_OUT_MERGE).unsearched(),
+                Some(attempt(1, Canceled)),
+                "outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main (lakeFS could not be searched); its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge may still land. What settles it: retry 1 ended CANCELED without publishing; run explain again",
+            ),
+            (
+                "uncertain, no retry",
+                attempt(0, Failed).reason(TIMED_OUT_MERGE),
+                None,
+                "outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main; its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge may still land. What settles it: no later attempt will run its publish fence: run explain again (a confirm commit of this task on the branch means the merge landed) and see docs/operations.md, section A merge timed out",
+            ),
+            (
+                "refused by the publish fence",
+                attempt(0, Failed).reason(&format!("main advanced from {INPUT} to {C2}")),
+                None,
+                "refused by the publish fence: main had moved from the input ref 1npu70000000 to c0nf1rm22222, which is not this step's publication; nothing was published",
+            ),
+            (
+                "refused by the hard fence",
+                attempt(0, Failed).reason(&format!("lakeFS merge on r@main failed: HTTP 412 Precondition Failed: perago hard fence: main is at {C2}, expected {INPUT}")),
+                None,
+                "refused by the hard fence: lakeFS's pre-merge hook found main at c0nf1rm22222 while the publication expected 1npu70000000; nothing was published",
+            ),
+            (
+                "refused by the attempt fence",
+                attempt(0, Failed).reason("t-0"),
+                None,
+                "refused by the attempt fence: Conductor no longer had it as the current attempt when it was about to publish; nothing was published",
+            ),
+            (
+                "not published, staged",
+                attempt(0, Failed).reason("task body exited with status 3").staged(TRY),
+                None,
+                "not published: task body exited with status 3; it staged 7ry000000000 on perago-staging-step-task-id-t-retry-0-e and never merged",
+            ),
+            (
+                "not published, no reason",
+                attempt(0, Canceled),
+                None,
+                "not published: Conductor has it CANCELED with no reason",
+            ),
+            (
+                "not published, a merge lakeFS refused",
+                attempt(0, Failed).reason("lakeFS merge on r@main failed: HTTP 409 Conflict: conflict"),
+                Some(attempt(1, Completed)),
+                "not published: lakeFS merge on r@main failed: HTTP 409 Conflict: conflict",
+            ),
+            (
+                "terminal",
+                attempt(0, FailedWithTerminalError).reason("pre guardrail failed"),
+                None,
+                "not published: pre guardrail failed (terminal: the body did not run and Conductor does not retry it)",
+            ),
+            (
+                "terminal, no reason",
+                attempt(0, FailedWithTerminalError).staged(TRY),
+                None,
+                "not published: Conductor has it FAILED_WITH_TERMINAL_ERROR with no reason (terminal: the body did not run and Conductor does not retry it); it staged 7ry000000000 on perago-staging-step-task-id-t-retry-0-e and never merged",
+            ),
+        ]
+    }
+
+    /// A step whose attempts are given their verdicts as `run` does.
+    fn step(name: &str, mut attempts: Vec<AttemptView>) -> StepView {
+        for i in 0..attempts.len() {
+            let (done, rest) = attempts.split_at_mut(i + 1);
+            done[i].verdict = decide(&done[i], rest.first());
+        }
+        StepView {
+            step: name.into(),
+            task_type: "kx.task".into(),
+            attempts,
+        }
+    }
+
+    /// Two steps: a publication nobody reported that its retry superseded; a failure that
+    /// staged, then a merge that timed out with no retry after it.
+    fn sample() -> ExplainView {
+        let mut crashed = attempt(0, TaskStatus::TimedOut)
+            .confirm(C, INPUT, "")
+            .superseded(C2, "1")
+            .reason("responseTimeout: 2 exceeded")
+            .worker("w-0");
+        crashed.started = utc(1_000);
+        crashed.ended = utc(3_000);
+        let retry = attempt(1, TaskStatus::Completed)
+            .confirm(C2, C, C)
+            .output(C2)
+            .staged(TRY);
+        let mut staged = attempt(0, TaskStatus::Failed)
+            .reason("task body exited with status 3")
+            .staged(TRY);
+        staged.note = Some("lakeFS get commit: HTTP 404".into());
+        let timed_out = attempt(1, TaskStatus::Failed)
+            .reason(TIMED_OUT_MERGE)
+            .bounded();
+        ExplainView {
+            workflow_id: "wf".into(),
+            workflow_name: "kx.crash".into(),
+            status: "FAILED".into(),
+            steps: vec![
+                step("step", vec![crashed, retry]),
+                step("build__2", vec![staged, timed_out]),
+            ],
+        }
+    }
+
+    #[test]
+    fn every_case_keeps_its_words() {
+        for (name, a, next, words) in cases() {
+            assert_eq!(decide(&a, next.as_ref()).summary, words, "{name}");
+        }
+    }
+
+    #[test]
+    fn every_case_keeps_its_json_fields() {
+        let fields: BTreeMap<&str, Value> = [
+            ("running on a worker", json!({"kind":"still_running","needs_attention":false})),
+            ("scheduled, staged", json!({"kind":"still_running","needs_attention":false})),
+            ("running, merged", json!({"kind":"still_running","needs_attention":false,"commit":"c0nf1rm00000000000aa"})),
+            ("completed on its input ref", json!({"kind":"completed_without_publishing","needs_attention":false})),
+            ("published and reported", json!({"kind":"published_and_reported","needs_attention":false,"commit":"c0nf1rm00000000000aa"})),
+            ("reported an earlier publication", json!({"kind":"published_and_reported","needs_attention":false,"commit":"0u7pu7000000000000dd"})),
+            ("reported, no confirm commit", json!({"kind":"published_and_reported","needs_attention":false,"commit":"0u7pu7000000000000dd"})),
+            ("reported, no confirm commit in the newest searched", json!({"kind":"published_and_reported","needs_attention":false,"commit":"0u7pu7000000000000dd"})),
+            ("reported, the input ref gone", json!({"kind":"published_and_reported","needs_attention":false,"commit":"0u7pu7000000000000dd"})),
+            ("reported, lakeFS not searched", json!({"kind":"published_and_reported","needs_attention":false,"commit":"0u7pu7000000000000dd"})),
+            ("completed with no output", json!({"kind":"completed_without_publishing","needs_attention":false})),
+            ("unreported, superseded", json!({"kind":"published_not_reported","needs_attention":false,"commit":"c0nf1rm00000000000aa","superseded_by":"c0nf1rm22222222222bb"})),
+            ("unreported, the retry completed on it", json!({"kind":"published_not_reported","needs_attention":false,"commit":"c0nf1rm00000000000aa"})),
+            ("unreported, the retry running", json!({"kind":"published_not_reported","needs_attention":false,"commit":"c0nf1rm00000000000aa"})),
+            ("unreported, the retry failed", json!({"kind":"published_not_reported","needs_attention":false,"commit":"c0nf1rm00000000000aa"})),
+            ("unreported, no retry", json!({"kind":"published_not_reported","needs_attention":true,"commit":"c0nf1rm00000000000aa"})),
+            ("uncertain, the retry published superseding nothing", json!({"kind":"outcome_uncertain","needs_attention":false,"commit":"7ry0000000000000cccc"})),
+            ("uncertain, answered, the retry published on top of it", json!({"kind":"outcome_uncertain","needs_attention":false})),
+            ("uncertain, the retry running", json!({"kind":"outcome_uncertain","needs_attention":false})),
+            ("uncertain, the retry failed", json!({"kind":"outcome_uncertain","needs_attention":false})),
+            ("uncertain, no retry", json!({"kind":"outcome_uncertain","needs_attention":true})),
+            ("refused by the publish fence", json!({"kind":"refused_by_fence","needs_attention":false,"fence":"publish","head":"c0nf1rm22222222222bb"})),
+            ("refused by the hard fence", json!({"kind":"refused_by_fence","needs_attention":false,"fence":"hard","head":"c0nf1rm22222222222bb"})),
+            ("refused by the attempt fence", json!({"kind":"refused_by_fence","needs_attention":false,"fence":"attempt"})),
+            ("not published, staged", json!({"kind":"not_published","needs_attention":false})),
+            ("not published, no reason", json!({"kind":"not_published","needs_attention":false})),
+            ("not published, a merge lakeFS refused", json!({"kind":"not_published","needs_attention":false})),
+            ("terminal", json!({"kind":"not_published","needs_attention":false})),
+            ("terminal, no reason", json!({"kind":"not_published","needs_attention":false})),
+        ]
+        .into();
+        for (name, a, next, _) in cases() {
+            let mut shown = serde_json::to_value(decide(&a, next.as_ref())).unwrap();
+            shown.as_object_mut().unwrap().remove("summary");
+            assert_eq!(Some(&shown), fields.get(name), "{name}");
+        }
+        assert_eq!(fields.len(), cases().len());
+    }
+
+    #[test]
+    fn refusals_keep_their_words() {
+        for (reason, words) in [
+            (
+                "main advanced beyond supported publish range (1024 commits)".to_owned(),
+                "refused by the publish fence: main had moved too far past the input ref to classify; nothing was published",
+            ),
+            (
+                format!("main no longer contains workspace input ref {INPUT}"),
+                "refused by the publish fence: main no longer contains the input ref 1npu70000000 (reset or rewritten); nothing was published",
+            ),
+            (
+                format!("main cannot complete no-op from input ref {INPUT}; current head is {C2}"),
+                "refused by the publish fence: nothing changed, but main had moved from the input ref 1npu70000000 to c0nf1rm22222; nothing was published",
+            ),
+            (
+                format!("main cannot publish from input ref {INPUT}; current head is {C2}"),
+                "refused by the publish fence: Python Perago's fence: main had moved from the input ref 1npu70000000 to c0nf1rm22222; nothing was published",
+            ),
+            (
+                "broker failed to reload attempt t-0: Conductor get task failed: x".to_owned(),
+                "refused by the attempt fence: Conductor could not confirm it was still the current attempt; nothing was published",
+            ),
+            (
+                "lakeFS merge on r@main failed: HTTP 412: perago hard fence: unreadable".to_owned(),
+                "refused by the hard fence: lakeFS's pre-merge hook refused the merge into main; nothing was published",
+            ),
+        ] {
+            let refused = attempt(0, TaskStatus::Failed).reason(&reason);
+            assert_eq!(decide(&refused, None).summary, words, "{reason}");
+        }
+    }
+
+    #[test]
+    fn the_view_prints_as_before() {
+        let view = sample();
+        assert_eq!(
+            render(&view, Format::Json).unwrap(),
+            r#"{
+  "workflow_id": "wf",
+  "workflow_name": "kx.crash",
+  "status": "FAILED",
+  "steps": [
+    {
+      "step": "step",
+      "task_type": "kx.task",
+      "attempts": [
+        {
+          "attempt": 0,
+          "task_id": "t-0",
+          "status": "TIMED_OUT",
+          "reason": "responseTimeout: 2 exceeded",
+          "worker_id": "w-0",
+          "started": "1970-01-01T00:00:01Z",
+          "ended": "1970-01-01T00:00:03Z",
+          "workspace": {
+            "repository": "r",
+            "branch": "main",
+            "input_ref": "1npu7000000000000000"
+          },
+          "staging": [],
+          "search": {
+            "branch": "main",
+            "searched": 1,
+            "reached_input_ref": true,
+            "bounded": false,
+            "confirm": "c0nf1rm00000000000aa",
+            "superseded_by": "c0nf1rm22222222222bb"
+          },
+          "verdict": {
+            "kind": "published_not_reported",
+            "summary": "published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; retry 1 superseded it with c0nf1rm22222 (perago.supersedes)",
+            "commit": "c0nf1rm00000000000aa",
+            "superseded_by": "c0nf1rm22222222222bb",
+            "needs_attention": false
+          }
+        },
+        {
+          "attempt": 1,
+          "task_id": "t-1",
+          "status": "COMPLETED",
+          "workspace": {
+            "repository": "r",
+            "branch": "main",
+            "input_ref": "1npu7000000000000000"
+          },
+          "output_ref": "c0nf1rm22222222222bb",
+          "staging": [
+            {
+              "branch": "perago-staging-step-task-id-t-retry-0-e",
+              "head": "7ry0000000000000cccc",
+              "try_commit": "7ry0000000000000cccc"
+            }
+          ],
+          "search": {
+            "branch": "main",
+            "searched": 1,
+            "reached_input_ref": true,
+            "bounded": false,
+            "confirm": "c0nf1rm22222222222bb"
+          },
+          "verdict": {
+            "kind": "published_and_reported",
+            "summary": "published and reported: c0nf1rm22222 on main, its confirm commit and output ref",
+            "commit": "c0nf1rm22222222222bb",
+            "needs_attention": false
+          }
+        }
+      ]
+    },
+    {
+      "step": "build__2",
+      "task_type": "kx.task",
+      "attempts": [
+        {
+          "attempt": 0,
+          "task_id": "t-0",
+          "status": "FAILED",
+          "reason": "task body exited with status 3",
+          "workspace": {
+            "repository": "r",
+            "branch": "main",
+            "input_ref": "1npu7000000000000000"
+          },
+          "staging": [
+            {
+              "branch": "perago-staging-step-task-id-t-retry-0-e",
+              "head": "7ry0000000000000cccc",
+              "try_commit": "7ry0000000000000cccc"
+            }
+          ],
+          "search": {
+            "branch": "main",
+            "searched": 1,
+            "reached_input_ref": true,
+            "bounded": false
+          },
+          "note": "lakeFS get commit: HTTP 404",
+          "verdict": {
+            "kind": "not_published",
+            "summary": "not published: task body exited with status 3; it staged 7ry000000000 on perago-staging-step-task-id-t-retry-0-e and never merged",
+            "needs_attention": false
+          }
+        },
+        {
+          "attempt": 1,
+          "task_id": "t-1",
+          "status": "FAILED",
+          "reason": "lakeFS merge on r@main failed: error sending request: operation timed out",
+          "workspace": {
+            "repository": "r",
+            "branch": "main",
+            "input_ref": "1npu7000000000000000"
+          },
+          "staging": [],
+          "search": {
+            "branch": "main",
+            "searched": 1000,
+            "reached_input_ref": false,
+            "bounded": true
+          },
+          "verdict": {
+            "kind": "outcome_uncertain",
+            "summary": "outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main (only the newest 1000 commits were searched: the input ref is further down); its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge may still land. What settles it: no later attempt will run its publish fence: run explain again (a confirm commit of this task on the branch means the merge landed) and see docs/operations.md, section A merge timed out",
+            "needs_attention": true
+          }
+        }
+      ]
+    }
+  ]
+}
+"#
+        );
+        assert_eq!(
+            view.table(),
+            r#"workflow wf (kx.crash): FAILED
+
+step step (kx.task) on r@main
+ATTEMPT  STATUS     TASK  WORKER  STARTED               ENDED
+0        TIMED_OUT  t-0   w-0     1970-01-01T00:00:01Z  1970-01-01T00:00:03Z
+1        COMPLETED  t-1           -                     -
+  attempt 0: published but not reported: c0nf1rm00000 landed on main, but Conductor has the attempt TIMED_OUT; retry 1 superseded it with c0nf1rm22222 (perago.supersedes)
+    input    1npu70000000
+    reason   responseTimeout: 2 exceeded
+    staging  none left
+    confirm  c0nf1rm00000 on main (1 commit above the input ref searched)
+  attempt 1: published and reported: c0nf1rm22222 on main, its confirm commit and output ref
+    input    1npu70000000
+    output   c0nf1rm22222
+    staging  perago-staging-step-task-id-t-retry-0-e at 7ry000000000 (its try commit)
+    confirm  c0nf1rm22222 on main (1 commit above the input ref searched)
+
+step build__2 (kx.task) on r@main
+ATTEMPT  STATUS  TASK  WORKER  STARTED  ENDED
+0        FAILED  t-0           -        -
+1        FAILED  t-1           -        -
+  attempt 0: not published: task body exited with status 3; it staged 7ry000000000 on perago-staging-step-task-id-t-retry-0-e and never merged
+    input    1npu70000000
+    confirm  none on main (1 commit above the input ref searched)
+    lakeFS   lakeFS get commit: HTTP 404
+  attempt 1: outcome uncertain: its merge ended without an answer (error sending request: operation timed out) and no confirm commit of it is on main (only the newest 1000 commits were searched: the input ref is further down); its staging branch is gone, so its staging commit is named only in the sidecar's log (`the merge outcome is uncertain`, staging_commit); the merge may still land. What settles it: no later attempt will run its publish fence: run explain again (a confirm commit of this task on the branch means the merge landed) and see docs/operations.md, section A merge timed out
+    input    1npu70000000
+    reason   lakeFS merge on r@main failed: error sending request: operation timed out
+    staging  none left
+    confirm  none on main (the newest 1000 commits searched, the input ref not reached)
+
+needs attention: an attempt above is uncertain or published without a report, and no later attempt will settle it
+"#
+        );
     }
 
     #[test]
