@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::rc::Rc;
 
 use anyhow::anyhow;
 use clap::Args;
@@ -565,11 +566,36 @@ struct Log {
     bounded: bool,
 }
 
+/// A lakeFS read that lakeFS answered: what it found, or its answer that it has no such
+/// thing, kept as the attempt's note rather than failing the command.
+#[derive(Clone)]
+enum Lookup<T> {
+    Found(T),
+    Missing(String),
+}
+
+impl<T> Lookup<T> {
+    fn of(answer: Result<T, LakeFsError>) -> Result<Self, Failure> {
+        match answer {
+            Ok(found) => Ok(Self::Found(found)),
+            Err(e) if absent(&e) => Ok(Self::Missing(e.to_string())),
+            Err(e) => Err(anyhow::Error::from(e).into()),
+        }
+    }
+
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Lookup<U> {
+        match self {
+            Self::Found(found) => Lookup::Found(f(found)),
+            Self::Missing(note) => Lookup::Missing(note),
+        }
+    }
+}
+
 /// lakeFS reads, each made once per command.
 struct Reader<'a> {
     lakefs: &'a LakeFsClient,
-    branches: BTreeMap<(String, String), Result<Vec<String>, String>>,
-    logs: BTreeMap<(String, String, String), Result<std::rc::Rc<Log>, String>>,
+    branches: BTreeMap<(String, String), Lookup<Vec<String>>>,
+    logs: BTreeMap<(String, String, String), Lookup<Rc<Log>>>,
 }
 
 impl Reader<'_> {
@@ -577,24 +603,17 @@ impl Reader<'_> {
         &mut self,
         repo: &str,
         prefix: &str,
-    ) -> Result<Result<Vec<String>, String>, Failure> {
+    ) -> Result<Lookup<Vec<String>>, Failure> {
         let key = (repo.to_owned(), prefix.to_owned());
         if let Some(found) = self.branches.get(&key) {
             return Ok(found.clone());
         }
-        let answer = match self.lakefs.list_branches(repo, prefix).await {
-            Ok(names) => Ok(names),
-            Err(e) if absent(&e) => Err(e.to_string()),
-            Err(e) => return Err(anyhow::Error::from(e).into()),
-        };
+        let answer = Lookup::of(self.lakefs.list_branches(repo, prefix).await)?;
         self.branches.insert(key, answer.clone());
         Ok(answer)
     }
 
-    async fn log(
-        &mut self,
-        ws: &WorkspaceRef,
-    ) -> Result<Result<std::rc::Rc<Log>, String>, Failure> {
+    async fn log(&mut self, ws: &WorkspaceRef) -> Result<Lookup<Rc<Log>>, Failure> {
         let key = (
             ws.repository.clone(),
             ws.branch.clone(),
@@ -603,24 +622,21 @@ impl Reader<'_> {
         if let Some(found) = self.logs.get(&key) {
             return Ok(found.clone());
         }
-        let answer = match self
-            .lakefs
-            .first_parent_log(&ws.repository, &ws.branch, &ws.reference, SEARCH_LIMIT + 1)
-            .await
-        {
-            Ok((mut commits, more)) => {
-                let end = commits.iter().position(|c| c.id == ws.reference);
-                let bounded = end.is_none() && (commits.len() > SEARCH_LIMIT || more);
-                commits.truncate(end.unwrap_or(SEARCH_LIMIT));
-                Ok(std::rc::Rc::new(Log {
-                    range: commits,
-                    reached: end.is_some(),
-                    bounded,
-                }))
-            }
-            Err(e) if absent(&e) => Err(e.to_string()),
-            Err(e) => return Err(anyhow::Error::from(e).into()),
-        };
+        let answer = Lookup::of(
+            self.lakefs
+                .first_parent_log(&ws.repository, &ws.branch, &ws.reference, SEARCH_LIMIT + 1)
+                .await,
+        )?
+        .map(|(mut commits, more)| {
+            let end = commits.iter().position(|c| c.id == ws.reference);
+            let bounded = end.is_none() && (commits.len() > SEARCH_LIMIT || more);
+            commits.truncate(end.unwrap_or(SEARCH_LIMIT));
+            Rc::new(Log {
+                range: commits,
+                reached: end.is_some(),
+                bounded,
+            })
+        });
         self.logs.insert(key, answer.clone());
         Ok(answer)
     }
@@ -674,7 +690,7 @@ impl Reader<'_> {
             .step_branches(&ws.repository, &staging::step_prefix(&snapshot))
             .await?
         {
-            Ok(names) => {
+            Lookup::Found(names) => {
                 for name in names.iter().filter(|n| {
                     StagingBranch::parse(n).is_some_and(|b| {
                         b.is_of_step(&snapshot)
@@ -682,8 +698,8 @@ impl Reader<'_> {
                             && b.retry_count == ours.retry_count
                     })
                 }) {
-                    match self.lakefs.get_commit(&ws.repository, name).await {
-                        Ok(head) => {
+                    match Lookup::of(self.lakefs.get_commit(&ws.repository, name).await)? {
+                        Lookup::Found(head) => {
                             let is_try = Phase::of(&head.metadata) == Some(Phase::Try)
                                 && Key::TaskId.get(&head.metadata) == Some(task.task_id.as_str());
                             view.staging.push(StagingView {
@@ -693,17 +709,16 @@ impl Reader<'_> {
                             });
                         }
                         // Deleted since it was listed.
-                        Err(e) if absent(&e) => {}
-                        Err(e) => return Err(anyhow::Error::from(e).into()),
+                        Lookup::Missing(_) => {}
                     }
                 }
             }
-            Err(e) => notes.push(e),
+            Lookup::Missing(note) => notes.push(note),
         }
 
         // The confirm commit, on the target's first-parent history above the input ref.
         match self.log(&ws).await? {
-            Ok(log) => {
+            Lookup::Found(log) => {
                 let is_ours = |c: &&Commit| {
                     confirm_of(c).is_some()
                         && Key::TaskId.get(&c.metadata) == Some(task.task_id.as_str())
@@ -740,7 +755,7 @@ impl Reader<'_> {
                     superseded_by: superseded_by.map(|c| c.id.clone()),
                 });
             }
-            Err(e) => notes.push(e),
+            Lookup::Missing(note) => notes.push(note),
         }
         if !notes.is_empty() {
             view.note = Some(notes.join("; "));
