@@ -6,56 +6,19 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use perago_e2e::faults::FaultProxy;
 use perago_e2e::lake::Lake;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries};
-use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY, LakeFs};
+use perago_e2e::services::LakeFs;
 use perago_e2e::storage::Storage;
-use perago_e2e::{Selection, Services, shared};
 use serde_json::{Value, json};
 
-async fn services() -> &'static Services {
-    shared(Selection {
-        conductor: true,
-        lakefs: true,
-        storage: Storage::PostgresS3,
-        ..Selection::default()
-    })
-    .await
-}
+use support::{lakefs_env, services};
 
-/// A workspace task's PeragoTask: its contract, with the TaskDef registered.
 async fn register(api: &ConductorApi, name: &str) -> Value {
-    let yaml = format!(
-        r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {{name: t}}
-spec:
-  taskName: {name}
-  ownerEmail: e2e@example.com
-  workspace: {{prefix: /data}}
-  paramsSchema: {{type: object}}
-  resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
-  controls: {{retry: {{count: 0, delaySeconds: 0}}, timeout: {{responseSeconds: 60}}}}
-  executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
-"#
-    );
-    api.register_task(&yaml).await
-}
-
-/// The sidecar's lakeFS settings with `endpoint` and the data path settings.
-fn lakefs_env<'a>(endpoint: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-    let mut env = vec![
-        ("LAKECTL_SERVER_ENDPOINT_URL", endpoint),
-        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
-        (
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-            LAKEFS_SECRET_ACCESS_KEY,
-        ),
-    ];
-    env.extend_from_slice(extra);
-    env
+    support::register_workspace_task(api, name, 0, 0).await
 }
 
 fn input(repo: &str, reference: &str) -> Value {

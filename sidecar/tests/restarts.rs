@@ -5,62 +5,32 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::time::Duration;
 
+use perago_e2e::Services;
 use perago_e2e::lake::Lake;
 use perago_e2e::pod::{ConductorApi, Pod, PodBinaries, wait_file};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
-use perago_e2e::storage::Storage;
-use perago_e2e::{Selection, Services, shared};
 use perago_lakefs::LakeFsClient;
 use perago_workspace::history;
 use serde_json::{Value, json};
 
-async fn services() -> &'static Services {
-    shared(Selection {
-        conductor: true,
-        lakefs: true,
-        storage: Storage::PostgresS3,
-        ..Selection::default()
-    })
-    .await
-}
+use support::{lakefs_env, services};
 
 /// Register a workspace task (retries 3 s apart) and return its contract.
 async fn register(api: &ConductorApi, name: &str) -> Value {
-    let yaml = format!(
-        r#"
-apiVersion: perago.io/v1alpha1
-kind: PeragoTask
-metadata: {{name: t}}
-spec:
-  taskName: {name}
-  ownerEmail: e2e@example.com
-  workspace: {{prefix: /data}}
-  paramsSchema: {{type: object}}
-  resultSchema: {{type: object, properties: {{files: {{type: integer}}}}, required: [files]}}
-  controls: {{retry: {{count: 3, delaySeconds: 3}}, timeout: {{responseSeconds: 60}}}}
-  executor: {{body: {{image: body, command: [sh]}}, slots: 1}}
-"#
-    );
-    api.register_task(&yaml).await
+    support::register_workspace_task(api, name, 3, 3).await
 }
 
 async fn pod(api: &ConductorApi, contract: &Value, body: &str) -> Pod {
     let services = services().await;
     let hosts = services.lakefs().object_store_hosts();
-    let env = [
-        (
-            "LAKECTL_SERVER_ENDPOINT_URL",
-            services.lakefs().endpoint.as_str(),
-        ),
-        ("LAKECTL_CREDENTIALS_ACCESS_KEY_ID", LAKEFS_ACCESS_KEY_ID),
-        (
-            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-            LAKEFS_SECRET_ACCESS_KEY,
-        ),
-        ("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", hosts.as_str()),
-    ];
+    let env = lakefs_env(
+        &services.lakefs().endpoint,
+        &[("PERAGO_LAKEFS_OBJECT_STORE_HOSTS", hosts.as_str())],
+    );
     let bins = PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
     Pod::start(&bins, &api.base, contract, body, &env).await
 }
