@@ -8,6 +8,7 @@
 # copies into the pod's shared volume; being static, the runner runs in any body image.
 # CI builds the binaries with the same `make release-binaries` and lints this file.
 
+# The channel of rust-toolchain.toml (a test in e2e/tests/docs_facts.rs keeps them equal).
 ARG RUST_VERSION=1.95.0
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build

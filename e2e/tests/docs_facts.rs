@@ -545,3 +545,26 @@ fn the_scanners_read_what_they_should() {
         ["0027".to_owned(), "0030".to_owned()].into_iter().collect()
     );
 }
+
+/// The images are built with the toolchain every other build uses (rust-toolchain.toml), and
+/// the crates claim that toolchain as their minimum.
+#[test]
+fn the_dockerfile_and_the_crates_name_the_pinned_toolchain() {
+    let pinned = read(&root().join("rust-toolchain.toml"));
+    let channel = pinned
+        .lines()
+        .find_map(|l| l.strip_prefix("channel = "))
+        .map(|v| v.trim_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("rust-toolchain.toml names no channel"));
+    let dockerfile = read(&root().join("Dockerfile"));
+    assert!(
+        dockerfile.contains(&format!("ARG RUST_VERSION={channel}\n")),
+        "the Dockerfile's RUST_VERSION is not {channel}, the channel of rust-toolchain.toml"
+    );
+    let minor: String = channel.split('.').take(2).collect::<Vec<_>>().join(".");
+    let manifest = read(&root().join("Cargo.toml"));
+    assert!(
+        manifest.contains(&format!("rust-version = \"{minor}\"\n")),
+        "Cargo.toml's rust-version is not {minor}, the toolchain rust-toolchain.toml pins"
+    );
+}
