@@ -87,6 +87,8 @@ check-images: prerequisites
 lint: prerequisites
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@# Licenses, sources and duplicate crates of the dependency graph (deny.toml).
+	$$(e2e/bin/obtain cargo-deny | cut -d' ' -f2) check --hide-inclusion-graph licenses bans sources
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager)" || { gofmt -l e2e/kstatus e2e/cert-manager; echo "gofmt: the files above need formatting"; exit 1; }
 	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test e2e/bin/release fuzz/run deploy/krew/manifest .ci/run
 
