@@ -568,3 +568,34 @@ fn the_dockerfile_and_the_crates_name_the_pinned_toolchain() {
         "Cargo.toml's rust-version is not {minor}, the toolchain rust-toolchain.toml pins"
     );
 }
+
+/// The commands the README's quickstart shows are the quickstart's own, which a node test
+/// runs as written (e2e/tests/quickstart.rs); `make release` is this repository's.
+#[test]
+fn the_readmes_quickstart_commands_are_the_quickstarts() {
+    let readme = read(&root().join("README.md"));
+    let quickstart = read(&root().join("docs/quickstart.md"));
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Quickstart"))
+        .unwrap_or_else(|| panic!("README.md has no Quickstart section"));
+    let mut in_block = false;
+    let mut drifted = Vec::new();
+    for line in section.lines() {
+        match line.trim() {
+            "```sh" => in_block = true,
+            "```" => in_block = false,
+            command if in_block && !command.starts_with("make release") => {
+                if !quickstart.lines().any(|l| l == line) {
+                    drifted.push(line.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        drifted.is_empty(),
+        "README.md's quickstart shows lines docs/quickstart.md does not have:\n{}",
+        drifted.join("\n")
+    );
+}
