@@ -585,10 +585,12 @@ fn the_readmes_quickstart_commands_are_the_quickstarts() {
         match line.trim() {
             "```sh" => in_block = true,
             "```" => in_block = false,
-            command if in_block && !command.starts_with("make release") => {
-                if !quickstart.lines().any(|l| l == line) {
-                    drifted.push(line.to_owned());
-                }
+            command
+                if in_block
+                    && !command.starts_with("make release")
+                    && !quickstart.lines().any(|l| l == line) =>
+            {
+                drifted.push(line.to_owned());
             }
             _ => {}
         }
