@@ -67,6 +67,7 @@ pub fn object_name(task_name: &str) -> String {
         json_path = ".status.readyReplicas"
     ),
     printcolumn(name = "Desired", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
     printcolumn(name = "Queue", type_ = "integer", json_path = ".status.queueDepth"),
     printcolumn(
         name = "Running",
@@ -134,6 +135,11 @@ pub struct PeragoTaskSpec {
     /// What happens to the Conductor TaskDef when the PeragoTask is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Stop the task without deleting it: its executor pods stop polling, finish and report
+    /// the attempts they run, and go; the TaskDef stays registered, autoscaling holds and the
+    /// queue waits. `false` (or absent) resumes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
 }
 
 fn default_true() -> bool {

@@ -308,11 +308,20 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         Err(e) => return Err(e),
     };
 
-    let scaled = scaling::scale(ctx, &api, &mut work).await?;
+    // A suspended task keeps its TaskDef and its scaler's state, and has no pods: the
+    // Deployment's scale-in lets each pod's sidecar stop polling and report what it runs.
+    let scaled = if task.spec.suspend {
+        scaling::Scaled::suspended()
+    } else {
+        scaling::scale(ctx, &api, &mut work).await?
+    };
     let replicas = scaled.replicas;
     ctx.metrics.task_queued(&task).set(work.queued);
     ctx.metrics.task_running(&task).set(work.running());
     ctx.metrics.task_replicas(&task).set(i64::from(replicas));
+    ctx.metrics
+        .task_suspended(&task)
+        .set(i64::from(task.spec.suspend));
 
     let cm = render::config_map(&task, &contract);
     let applied = async {
@@ -348,6 +357,7 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         queued: work.queued,
         running: work.running(),
         task_def_hash: taskdef::hash(&doc),
+        suspended: task.spec.suspend.then_some(work.pods.len()),
     };
     let rolled_out = seen.rolled_out();
     if let Some(p) = problem.as_ref().filter(|_| !rolled_out) {
@@ -361,7 +371,27 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
             publish_event(ctx, &task, EventType::Warning, "ExecutorPodFailing", note).await;
         }
     }
+    let was_suspended = status::says_reason(&old, "Ready", status::SUSPENDED);
     patch_status(ctx, &api, &task, status::observed(&old, &seen)).await?;
+    if task.spec.suspend != was_suspended {
+        let (reason, note) = if task.spec.suspend {
+            let pods = work.pods.len();
+            let note = format!(
+                "suspended: {pods} executor pods stop polling, finish and report their attempts, and go; the TaskDef stays"
+            );
+            (status::SUSPENDED, note)
+        } else {
+            (
+                status::RESUMED,
+                format!(
+                    "resumed: {replicas} executor pods take the queue ({} queued)",
+                    work.queued
+                ),
+            )
+        };
+        info!(task = %task.name_any(), "{note}");
+        publish_event(ctx, &task, EventType::Normal, reason, note).await;
+    }
     if let Some(direction) = scaled.wrote {
         ctx.metrics
             .scale_seconds

@@ -34,6 +34,17 @@ pub struct Scaled {
     pub wrote: Option<&'static str>,
 }
 
+impl Scaled {
+    /// A suspended task's pass: no pods, and no decision of the scaler.
+    pub fn suspended() -> Self {
+        Self {
+            replicas: 0,
+            held: false,
+            wrote: None,
+        }
+    }
+}
+
 #[cfg(test)]
 impl Scaled {
     /// The replicas and whether the scale-in waits.

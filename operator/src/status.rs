@@ -67,6 +67,18 @@ pub fn says(old: &PeragoTaskStatus, type_: &str, reason: Option<&str>, message: 
     })
 }
 
+/// Whether `old`'s `type_` condition has `reason`.
+pub fn says_reason(old: &PeragoTaskStatus, type_: &str, reason: &str) -> bool {
+    old.conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.reason == reason)
+}
+
+/// The reason of the conditions of a suspended task (`spec.suspend`), and of its event.
+pub const SUSPENDED: &str = "Suspended";
+/// The reason of the event of a task that is no longer suspended.
+pub const RESUMED: &str = "Resumed";
+
 /// The reason of the conditions of an invalid spec.
 pub const INVALID_SPEC: &str = "InvalidSpec";
 
@@ -132,6 +144,8 @@ pub struct Observed<'a> {
     pub queued: i64,
     pub running: i64,
     pub task_def_hash: String,
+    /// `spec.suspend`: the executor pods still there, stopping ones included.
+    pub suspended: Option<usize>,
 }
 
 impl Observed<'_> {
@@ -149,6 +163,9 @@ impl Observed<'_> {
 /// own words, or still rolling out), and Stalled once the Deployment's progress deadline
 /// passed. `lastScale` is the scaler's ([`crate::scaler::Scaler::last_scale`]).
 pub fn observed(old: &PeragoTaskStatus, seen: &Observed<'_>) -> PeragoTaskStatus {
+    if let Some(pods) = seen.suspended {
+        return suspended(old, seen, pods);
+    }
     let replicas = seen.replicas;
     let ready_replicas = seen.deployment.ready_replicas.unwrap_or(0);
     let rolled_out = seen.rolled_out();
@@ -211,6 +228,40 @@ pub fn observed(old: &PeragoTaskStatus, seen: &Observed<'_>) -> PeragoTaskStatus
     }
 }
 
+/// The status of a suspended task: not Ready, for `Suspended`, and reconciling while
+/// `pods` executor pods are still finishing their attempts. Once they are gone it is a
+/// desired state reached, not a failure: kstatus reads it as Current, Argo CD as Suspended
+/// (docs/gitops.md).
+fn suspended(old: &PeragoTaskStatus, seen: &Observed<'_>, pods: usize) -> PeragoTaskStatus {
+    let message = if pods > 0 {
+        format!("Suspended: {pods} executor pods finishing their attempts")
+    } else {
+        format!(
+            "Suspended: no executor pods; the TaskDef stays registered, {} queued",
+            seen.queued
+        )
+    };
+    PeragoTaskStatus {
+        observed_generation: seen.generation,
+        conditions: conditions(
+            &old.conditions,
+            seen.generation,
+            [
+                said(false, SUSPENDED, &message),
+                said(pods > 0, SUSPENDED, if pods > 0 { &message } else { "" }),
+                said(false, SUSPENDED, ""),
+            ],
+        ),
+        replicas: Some(0),
+        ready_replicas: Some(seen.deployment.ready_replicas.unwrap_or(0)),
+        selector: Some(seen.selector.clone()),
+        queue_depth: Some(seen.queued),
+        running_attempts: Some(seen.running),
+        last_scale: None,
+        task_def_hash: Some(seen.task_def_hash.clone()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +290,7 @@ mod tests {
             queued: 3,
             running: 1,
             task_def_hash: "h".into(),
+            suspended: None,
         }
     }
 
@@ -278,6 +330,48 @@ mod tests {
             ),
             (Some(4), Some(3), Some(1))
         );
+    }
+
+    #[test]
+    fn a_suspended_task_reconciles_until_its_pods_are_gone() {
+        let ds = DeploymentStatus::default();
+        let draining = Observed {
+            replicas: 0,
+            suspended: Some(2),
+            ..seen(&ds, None)
+        };
+        let status = observed(&PeragoTaskStatus::default(), &draining);
+        assert_eq!(
+            brief(&status),
+            owned(&[
+                ("Ready", "False", "Suspended"),
+                ("Reconciling", "True", "Suspended"),
+                ("Stalled", "False", "Suspended"),
+            ])
+        );
+        assert_eq!(
+            condition(&status, "Ready").message,
+            "Suspended: 2 executor pods finishing their attempts"
+        );
+        let gone = Observed {
+            suspended: Some(0),
+            ..draining
+        };
+        let status = observed(&status, &gone);
+        assert_eq!(
+            brief(&status),
+            owned(&[
+                ("Ready", "False", "Suspended"),
+                ("Reconciling", "False", "Suspended"),
+                ("Stalled", "False", "Suspended"),
+            ])
+        );
+        assert_eq!(
+            condition(&status, "Ready").message,
+            "Suspended: no executor pods; the TaskDef stays registered, 3 queued"
+        );
+        assert_eq!((status.replicas, status.queue_depth), (Some(0), Some(3)));
+        assert!(says_reason(&status, "Ready", SUSPENDED));
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub struct Metrics {
     task_replicas: IntGaugeVec,
     /// 1 while the PeragoTask's `Ready` condition is True (for alerting on tasks not Ready).
     task_ready: IntGaugeVec,
+    task_suspended: IntGaugeVec,
     /// Set once this process leads and runs the controller.
     pub ready: AtomicBool,
     /// False while the admission webhook (when enabled) does not serve yet.
@@ -157,7 +158,17 @@ impl Metrics {
             "perago_operator_task_ready",
             "1 while the PeragoTask's Ready condition is True, else 0.",
         )?;
-        for gauge in [&task_queued, &task_running, &task_replicas, &task_ready] {
+        let task_suspended = per_task(
+            "perago_operator_task_suspended",
+            "1 while the PeragoTask is suspended (spec.suspend), else 0.",
+        )?;
+        for gauge in [
+            &task_queued,
+            &task_running,
+            &task_replicas,
+            &task_ready,
+            &task_suspended,
+        ] {
             registry.register(Box::new(gauge.clone()))?;
         }
         registry.register(Box::new(reconciles.clone()))?;
@@ -191,6 +202,7 @@ impl Metrics {
             task_running,
             task_replicas,
             task_ready,
+            task_suspended,
             ready: AtomicBool::new(false),
             webhook_ready: AtomicBool::new(true),
         })
@@ -204,6 +216,7 @@ impl Metrics {
             &self.task_running,
             &self.task_replicas,
             &self.task_ready,
+            &self.task_suspended,
         ] {
             gauge.reset();
         }
@@ -225,6 +238,10 @@ impl Metrics {
         self.task_ready.with_label_values(&task_labels(task))
     }
 
+    pub fn task_suspended(&self, task: &PeragoTask) -> IntGauge {
+        self.task_suspended.with_label_values(&task_labels(task))
+    }
+
     pub fn applied(&self, kind: &str, sent: bool) {
         let outcome = if sent { "applied" } else { "unchanged" };
         self.applies.with_label_values(&[kind, outcome]).inc();
@@ -237,6 +254,7 @@ impl Metrics {
             &self.task_running,
             &self.task_replicas,
             &self.task_ready,
+            &self.task_suspended,
         ] {
             let _ = gauge.remove_label_values(&task_labels(task));
         }
