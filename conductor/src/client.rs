@@ -395,6 +395,48 @@ impl ConductorClient {
             .ok_or_else(|| call.error(ErrorKind::Decode("empty answer".into())))
     }
 
+    /// The latest `size` tasks of `task_type` by update time, as Conductor's index holds them
+    /// (`GET /tasks/search-v2`): whole task records, worker id included. The index follows
+    /// a task's updates, so a task still scheduled may be absent.
+    pub async fn recent_tasks(
+        &self,
+        task_type: &str,
+        size: u32,
+    ) -> Result<Vec<Value>, ConductorError> {
+        let call = Call {
+            name: "search tasks",
+            task_def: Some(task_type),
+        };
+        // The index's query language has no escape for a quote inside a value.
+        if task_type.contains('"') {
+            return Err(call.error(ErrorKind::Decode(format!(
+                "task type {task_type:?} holds a quote, which a search cannot name"
+            ))));
+        }
+        let url = self.url("/tasks/search-v2");
+        let query = format!("taskType=\"{task_type}\"");
+        let size = size.to_string();
+        let answer = self
+            .send(call, self.request_timeout, |h| {
+                h.get(&url).query(&[
+                    ("start", "0"),
+                    ("size", size.as_str()),
+                    ("sort", "updateTime:DESC"),
+                    ("freeText", "*"),
+                    ("query", query.as_str()),
+                ])
+            })
+            .await?
+            .unwrap_or_else(|| json!({}));
+        match answer.get("results") {
+            Some(Value::Array(tasks)) => Ok(tasks.clone()),
+            _ => Err(call.error(ErrorKind::Decode(format!(
+                "not a search result: {}",
+                clip(&answer.to_string(), 100)
+            )))),
+        }
+    }
+
     /// `POST /tasks` (v1) with a TaskResult body.
     pub async fn update_task(
         &self,

@@ -17,6 +17,9 @@ use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
 use tokio::sync::OnceCell;
 
+#[path = "pods/operate.rs"]
+mod operate;
+
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
 

@@ -1,28 +1,79 @@
-//! `--task`: the endpoints and credentials a PeragoTask's pods use, read through the user's
+//! The Kubernetes side of the plugin: kubectl's `-n`, `--context` and `--kubeconfig`, and
+//! `--task`, the endpoints and credentials a PeragoTask's pods use, read through the user's
 //! kubeconfig (their RBAC applies) from the executor Deployment the operator made for it and
 //! the Secrets its sidecar's environment names. What flags or environment variables give
 //! wins; this fills the rest.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, anyhow};
+use clap::Args;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{EnvVar, Secret};
 use kube::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use perago_api::PeragoTask;
 
 /// The sidecar container of every executor pod.
-const SIDECAR: &str = "perago-sidecar";
+pub const SIDECAR: &str = "perago-sidecar";
+
+/// kubectl's own flags for reaching the cluster, with kubectl's meanings.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClusterFlags {
+    /// The namespace of the task (default: the kubeconfig context's).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// The kubeconfig context to use (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The kubeconfig file (default: `KUBECONFIG`, else ~/.kube/config, else in-cluster).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// A client of the cluster the flags name, whose every request ends within `timeout`
+/// (`None`: requests that stream, such as `logs -f`), and the namespace to work in.
+pub async fn connect(
+    flags: &ClusterFlags,
+    timeout: Option<Duration>,
+) -> anyhow::Result<(kube::Client, String)> {
+    let options = KubeConfigOptions {
+        context: flags.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match (&flags.kubeconfig, &flags.context) {
+        (Some(path), _) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options).await?
+        }
+        (None, Some(context)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("reading the kubeconfig for context {context}"))?,
+        (None, None) => kube::Config::infer().await.context(
+            "finding a kubeconfig (KUBECONFIG, ~/.kube/config) or in-cluster credentials",
+        )?,
+    };
+    config.connect_timeout = timeout;
+    config.read_timeout = timeout;
+    config.write_timeout = timeout;
+    let namespace = flags
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    Ok((client, namespace))
+}
 
 /// The values of the variables the sidecar of `namespace/name`'s pods is given, by name.
 pub async fn task_environment(
-    namespace: Option<&str>,
+    cluster: &ClusterFlags,
+    timeout: Duration,
     name: &str,
 ) -> anyhow::Result<BTreeMap<String, String>> {
-    let client = kube::Client::try_default()
-        .await
-        .context("reading the kubeconfig for --task")?;
-    let namespace = namespace.map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
+    let (client, namespace) = connect(cluster, Some(timeout)).await?;
     let what = format!("PeragoTask {namespace}/{name}");
     Api::<PeragoTask>::namespaced(client.clone(), &namespace)
         .get_opt(name)
@@ -100,4 +151,20 @@ async fn value_of(
                 selector.key
             )
         })
+}
+
+/// A Kubernetes error in the user's terms: a refusal by RBAC names the permission to ask for.
+pub fn explained(e: kube::Error, verb: &str, resource: &str, namespace: &str) -> anyhow::Error {
+    match &e {
+        kube::Error::Api(status) if status.code == 403 => anyhow!(
+            "forbidden: your account may not {verb} {resource} in namespace {namespace} \
+             (RBAC: ask for `{verb}` on `{resource}`): {}",
+            status.message
+        ),
+        kube::Error::Api(status) if status.code == 401 => anyhow!(
+            "unauthorized: the cluster did not accept the kubeconfig's credentials: {}",
+            status.message
+        ),
+        _ => anyhow!("{verb} {resource} in namespace {namespace}: {e}"),
+    }
 }

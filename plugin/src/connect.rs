@@ -10,6 +10,7 @@ use perago_lakefs::LakeFsClient;
 use perago_lakefs::flags::LakeFsFlags;
 
 use crate::Failure;
+use crate::cluster::ClusterFlags;
 
 #[derive(Args, Debug, Clone)]
 pub struct Endpoints {
@@ -22,25 +23,22 @@ pub struct Endpoints {
     /// store) and the `--conductor-ca-file` and `--lakefs-ca-file` bundles.
     #[arg(long, env = "PERAGO_CA_FILE", global = true)]
     pub ca_file: Option<std::path::PathBuf>,
-    /// Timeout of every call (seconds).
-    #[arg(long, default_value_t = 30, global = true)]
-    pub timeout_seconds: u64,
-    /// Use the Conductor and lakeFS this PeragoTask's pods use, read through your kubeconfig;
-    /// flags and the variables above override what it finds.
+    /// How long any one call may take, to Kubernetes, Conductor or lakeFS: `30s`, `2m`.
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse_timeout, global = true)]
+    pub request_timeout: Duration,
+    /// Use the Conductor and lakeFS this PeragoTask's pods use, read through your kubeconfig
+    /// (in `-n`'s namespace); flags and the variables above override what it finds.
     #[arg(long, global = true)]
     pub task: Option<String>,
-    /// The namespace of `--task` (default: the kubeconfig context's).
-    #[arg(short = 'n', long, global = true, requires = "task")]
-    pub namespace: Option<String>,
 }
 
 impl Endpoints {
     /// These endpoints, with what `--task` finds filling the ones not given.
-    pub async fn resolved(&self) -> Result<Self, Failure> {
+    pub async fn resolved(&self, cluster: &ClusterFlags) -> Result<Self, Failure> {
         let Some(task) = &self.task else {
             return Ok(self.clone());
         };
-        let env = crate::cluster::task_environment(self.namespace.as_deref(), task).await?;
+        let env = crate::cluster::task_environment(cluster, self.timeout(), task).await?;
         let mut out = self.clone();
         let conductor = &mut out.conductor;
         let lakefs = &mut out.lakefs;
@@ -68,8 +66,8 @@ impl Endpoints {
         Ok(out)
     }
 
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(self.timeout_seconds.max(1))
+    pub fn timeout(&self) -> Duration {
+        self.request_timeout
     }
 
     /// `--ca-file`'s certificates and those of one server's own bundle.

@@ -21,32 +21,11 @@ pub struct GcArgs {
     pub repositories: Vec<String>,
     /// How old a branch whose task Conductor no longer has must be to go: `90s`, `30m`,
     /// `12h`, `7d`.
-    #[arg(long, default_value = "24h", value_parser = parse_age)]
+    #[arg(long, default_value = "24h", value_parser = crate::duration::parse)]
     pub older_than: Duration,
     /// Print what would be deleted and delete nothing.
     #[arg(long)]
     pub dry_run: bool,
-}
-
-pub fn parse_age(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not an age such as 90s, 30m, 12h or 7d"))?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?}: the unit is one of s, m, h, d")),
-    };
-    n.checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 #[derive(Debug, Serialize)]
@@ -130,19 +109,5 @@ impl Table for GcView {
             })
             .collect();
         columns(&["ACTION", "REPOSITORY", "BRANCH", "WHY"], &rows)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ages_parse_and_bad_ones_are_refused() {
-        assert_eq!(parse_age("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_age("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert!(parse_age("7").unwrap_err().contains("unit"));
-        assert!(parse_age("h").unwrap_err().contains("not an age"));
-        assert!(parse_age("99999999999999999999d").is_err());
     }
 }

@@ -1,4 +1,6 @@
-//! `kubectl perago`: the recovery steps of docs/design.md as commands. `history` classifies a branch's
+//! `kubectl perago`: a task's status, suspend and resume, and the recovery steps of
+//! docs/design.md as commands. `status` shows a PeragoTask on one screen; `suspend` and
+//! `resume` set its `spec.suspend`; `history` classifies a branch's
 //! first-parent history with the same rules as the publish fence; `explain` says what became
 //! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
 //! attempts that can no longer publish; `install-fence` commits the hard fence on a branch.
@@ -7,11 +9,14 @@
 
 pub mod cluster;
 pub mod connect;
+pub mod duration;
 pub mod explain;
 pub mod fence;
 pub mod gc;
 pub mod history;
 pub mod output;
+pub mod status;
+pub mod suspend;
 
 /// How a command ended, as its exit status: 0 nothing to report, 1 something was flagged or
 /// failed (the message says what), 2 the command line was wrong.

@@ -1,22 +1,26 @@
 //! `kubectl-perago`: on PATH, `kubectl perago …`. See docs/kubectl-perago.md.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
+use perago_kubectl::cluster::{self, ClusterFlags};
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
-use perago_kubectl::{Failure, explain, fence, gc, history};
+use perago_kubectl::{Failure, explain, fence, gc, history, status, suspend};
 
 #[derive(Parser)]
 #[command(
     name = "kubectl-perago",
     bin_name = "kubectl perago",
     version,
-    about = "Explain what Perago tasks did to lakeFS branches, clean up after dead attempts, install the hard fence",
-    after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage."
+    about = "Operate Perago tasks: their status, suspend and resume; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
+    after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage.\n\nStart from a task: kubectl perago status TASK -n NAMESPACE"
 )]
 struct Cli {
+    #[command(flatten)]
+    cluster: ClusterFlags,
     #[command(flatten)]
     endpoints: Endpoints,
     /// Output format.
@@ -28,6 +32,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show a task on one screen: spec, conditions, pods and their busy slots, the queue and
+    /// the latest attempts.
+    Status(status::StatusArgs),
+    /// Stop a task without deleting it: its pods finish and report what they run, and go.
+    Suspend(suspend::SuspendArgs),
+    /// Start a suspended task again.
+    Resume(suspend::SuspendArgs),
     /// Classify a branch's first-parent history: publications, supersessions, foreign commits.
     History(history::HistoryArgs),
     /// Say what became of each attempt of a workflow's workspace steps.
@@ -36,14 +47,94 @@ enum Command {
     Gc(gc::GcArgs),
     /// Commit the hard fence (a lakeFS pre-merge action) on a target branch.
     InstallFence(fence::InstallFenceArgs),
+    /// Print a shell completion script: `source <(kubectl perago completion bash)`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
-    let endpoints = cli.endpoints.resolved().await?;
+    let timeout = cli.endpoints.timeout();
     match &cli.command {
-        Command::History(args) => {
-            let view = history::run(&endpoints, args).await?;
+        Command::Status(args) => {
+            let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
+            // The task's own Conductor, unless one is given.
+            let endpoints = Endpoints {
+                task: cli
+                    .endpoints
+                    .task
+                    .clone()
+                    .or_else(|| Some(args.task.clone())),
+                ..cli.endpoints.clone()
+            };
+            // A task with no Deployment yet, or Secrets the user may not read, still has a
+            // status to show.
+            let (endpoints, unread) = match endpoints.resolved(&cli.cluster).await {
+                Ok(endpoints) => (endpoints, None),
+                Err(Failure::Error(e)) => (cli.endpoints.clone(), Some(format!("{e:#}"))),
+                Err(other) => return Err(other),
+            };
+            let conductor = endpoints.conductor()?;
+            let sources = status::Sources {
+                client,
+                namespace,
+                conductor: conductor.as_ref(),
+                conductor_unfound: unread,
+                timeout,
+            };
+            let clear = args.watch
+                && matches!(cli.output, Format::Table)
+                && std::io::stdout().is_terminal();
+            let print = |view: &status::StatusView| -> anyhow::Result<()> {
+                if clear {
+                    print!("\x1b[H\x1b[2J");
+                }
+                print!("{}", render(view, cli.output)?);
+                Ok(())
+            };
+            if args.watch {
+                status::watch(&sources, args, print).await?;
+                return Ok(());
+            }
+            let view = status::run(&sources, args).await?;
+            print(&view)?;
+            if view.unread.is_empty() {
+                Ok(())
+            } else {
+                Err(Failure::Flagged)
+            }
+        }
+        Command::Suspend(args) | Command::Resume(args) => {
+            let suspend = matches!(cli.command, Command::Suspend(_));
+            let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
+            let view = suspend::run(client, &namespace, args, suspend).await?;
             print!("{}", render(&view, cli.output)?);
+            Ok(())
+        }
+        Command::Completion { shell } => {
+            let mut command = Cli::command();
+            clap_complete::generate(
+                *shell,
+                &mut command,
+                "kubectl-perago",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        command => {
+            let endpoints = cli.endpoints.resolved(&cli.cluster).await?;
+            recovery(command, &endpoints, cli.output).await
+        }
+    }
+}
+
+/// The commands that work on lakeFS branches and workflows.
+async fn recovery(command: &Command, endpoints: &Endpoints, output: Format) -> Result<(), Failure> {
+    match command {
+        Command::History(args) => {
+            let view = history::run(endpoints, args).await?;
+            print!("{}", render(&view, output)?);
             if view.problems.is_empty() {
                 Ok(())
             } else {
@@ -51,8 +142,8 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
         Command::Explain(args) => {
-            let view = explain::run(&endpoints, args).await?;
-            print!("{}", render(&view, cli.output)?);
+            let view = explain::run(endpoints, args).await?;
+            print!("{}", render(&view, output)?);
             if view.needs_attention() {
                 Err(Failure::Flagged)
             } else {
@@ -60,18 +151,24 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
         Command::Gc(args) => {
-            let view = gc::run(&endpoints, args).await?;
-            print!("{}", render(&view, cli.output)?);
+            let view = gc::run(endpoints, args).await?;
+            print!("{}", render(&view, output)?);
             Ok(())
         }
         Command::InstallFence(args) => {
-            let view = fence::run(&endpoints, args).await?;
-            print!("{}", render(&view, cli.output)?);
+            let view = fence::run(endpoints, args).await?;
+            print!("{}", render(&view, output)?);
             if view.outcome == fence::Outcome::Refused {
                 Err(Failure::Flagged)
             } else {
                 Ok(())
             }
+        }
+        Command::Status(_)
+        | Command::Suspend(_)
+        | Command::Resume(_)
+        | Command::Completion { .. } => {
+            unreachable!("handled by run")
         }
     }
 }
