@@ -1,6 +1,8 @@
-//! Operating a task from its name (`kubectl perago status`, `suspend`, `resume`) on the node:
-//! what `status` shows while attempts run, a suspend that lets every running attempt finish
-//! and report with no poll after it, and a resume that drains the queue.
+//! Operating tasks on the node: from a task's name (`kubectl perago status`, `suspend`,
+//! `resume`, `--task`), what `status` shows while attempts run, a suspend that lets every
+//! running attempt finish and report with no poll after it, a resume that drains the queue,
+//! the commands the chart's NOTES print, Flux's kstatus on task states, and the chart's
+//! staging-gc CronJob.
 
 use std::process::Output;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -269,6 +271,16 @@ async fn status_says_what_it_could_not_read() {
         stderr.contains(&format!("PeragoTask {namespace}/nope not found")),
         "{stderr}"
     );
+    // The hint it gives runs.
+    let hint = stderr
+        .split_once("(kubectl ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(hint, _)| hint)
+        .unwrap_or_else(|| panic!("no kubectl hint in {stderr}"));
+    let listed = cluster
+        .kubectl(&hint.split_whitespace().collect::<Vec<_>>())
+        .unwrap();
+    assert!(listed.contains(name), "{hint}: {listed}");
 
     let out = plugin(
         cluster,
@@ -360,5 +372,218 @@ async fn the_commands_the_chart_notes_print_run() {
     assert!(
         ran.iter().any(|l| l.starts_with("kubectl perago status")) && ran.len() >= 4,
         "the NOTES' commands: {ran:?}\n{notes}"
+    );
+}
+
+/// Flux's own status library (kstatus, from sigs.k8s.io/cli-utils) reads a Ready PeragoTask as
+/// Current, one whose pods are still coming as InProgress and an invalid one as Failed.
+#[tokio::test]
+async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
+    let Some((services, cluster)) =
+        cluster("flux_kstatus_reads_ready_rolling_out_and_invalid_tasks").await
+    else {
+        return;
+    };
+    let namespace = "pods-kstatus";
+    cluster.task_namespace(namespace).unwrap();
+    let kstatus = perago_e2e::process::obtain("kstatus").unwrap();
+    let verdict = |name: &str| {
+        let object = cluster
+            .kubectl(&["get", "-n", namespace, "peragotask", name, "-o", "json"])
+            .unwrap();
+        let mut child = std::process::Command::new(&kstatus)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), object.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "kstatus failed on {name}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let cases = [
+        ("ready", json!({}), "Current"),
+        (
+            "rolling-out",
+            json!({"executor": {"body": {"image": "localhost/perago/absent:e2e"}}}),
+            "InProgress",
+        ),
+        (
+            "invalid",
+            json!({"workspace": {"pre": [{"kind": "requireFile", "path": "../outside"}]}}),
+            "Failed",
+        ),
+    ];
+    // The admission webhook refuses the invalid one: it plays an object stored before the
+    // webhook existed (the other tasks this binary applies meanwhile are valid).
+    let manifests: Vec<String> = cases
+        .iter()
+        .map(|(name, spec, _)| workspace_task_with(namespace, name, PUBLISH_BODY, spec))
+        .collect();
+    cluster.apply_without_webhook(&manifests).unwrap();
+    let client = services.kube().client().await.unwrap();
+    ready_condition(&client, namespace, "ready", &["Available"]).await;
+    ready_condition(
+        &client,
+        namespace,
+        "rolling-out",
+        &["ErrImagePull", "ImagePullBackOff"],
+    )
+    .await;
+    ready_condition(&client, namespace, "invalid", &["InvalidSpec"]).await;
+    for (name, _, expected) in &cases {
+        let line = verdict(name);
+        assert!(
+            line.starts_with(&format!("{expected} ")),
+            "{name}: kstatus says {line}"
+        );
+        eprintln!("kstatus {name}: {}", line.trim());
+    }
+}
+
+/// The chart's staging-branch CronJob, run once on the node: `kubectl perago gc` in the
+/// operator's image deletes the staging branch of an attempt whose task is terminal and keeps
+/// the one whose task is still scheduled.
+#[tokio::test]
+async fn the_staging_gc_cronjob_removes_dead_attempts_branches() {
+    let Some((services, cluster)) =
+        cluster("the_staging_gc_cronjob_removes_dead_attempts_branches").await
+    else {
+        return;
+    };
+    let (lake, repository, input_ref) = seeded(services, "pods-staging-gc").await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let task = "pods.staging-gc";
+    conductor
+        .call(
+            reqwest::Method::POST,
+            "/metadata/taskdefs",
+            Some(&json!([{"name": task, "ownerEmail": "e2e@example.com",
+                           "retryCount": 0, "responseTimeoutSeconds": 60}])),
+        )
+        .await;
+    // Two workflows nobody works on: one terminated (its task CANCELED), one left scheduled.
+    let mut branches = Vec::new();
+    for case in ["dead", "scheduled"] {
+        let id = conductor.start(task, case, json!({})).await;
+        if case == "dead" {
+            conductor
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/workflow/{id}?reason=test"),
+                    None,
+                )
+                .await;
+        }
+        let wf = conductor.workflow(&id).await;
+        let task_id = wf["tasks"][0]["taskId"].as_str().unwrap().to_owned();
+        let branch = format!(
+            "perago-staging-{id}-step-seq-1-iteration-0-task-id-{task_id}-retry-0-exec-e2e"
+        );
+        lake.post(
+            &format!("/repositories/{repository}/branches"),
+            json!({"name": branch, "source": input_ref}),
+        )
+        .await
+        .unwrap();
+        branches.push((id, branch));
+    }
+    let log = cluster
+        .run_staging_gc("staging-gc-now", &[&repository])
+        .unwrap();
+    eprintln!("staging-gc job:\n{log}");
+    let left: Vec<String> = lake
+        .get(&format!(
+            "/repositories/{repository}/branches?prefix=perago-staging-"
+        ))
+        .await
+        .unwrap()["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left, [branches[1].1.clone()], "{log}");
+    assert!(log.contains("DELETED") && log.contains("CANCELED"), "{log}");
+    assert!(log.contains("KEPT") && log.contains("SCHEDULED"), "{log}");
+    conductor
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/workflow/{}?reason=test", branches[1].0),
+            None,
+        )
+        .await;
+}
+
+/// `kubectl perago --task`: the plugin finds Conductor and lakeFS the way the task's pods do,
+/// through the kubeconfig, with the credentials from the Secret in the task's namespace; a
+/// flag still wins, and a task that does not exist is one line naming it.
+#[tokio::test]
+async fn kubectl_perago_finds_the_servers_of_a_task() {
+    let Some((services, cluster)) = cluster("kubectl_perago_finds_the_servers_of_a_task").await
+    else {
+        return;
+    };
+    let (namespace, name) = ("pods-plugin", "found");
+    cluster.task_namespace(namespace).unwrap();
+    cluster
+        .apply(&workspace_task(namespace, name, PUBLISH_BODY))
+        .unwrap();
+    cluster.wait_ready(namespace, name).unwrap();
+    let (_lake, repository, input_ref) = seeded(services, "pods-plugin").await;
+    let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
+        .unwrap()
+        .join("kubectl-perago");
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(&plugin);
+        command.args(args).env("KUBECONFIG", cluster.kubeconfig());
+        for var in [
+            "CONDUCTOR_SERVER_URL",
+            "CONDUCTOR_AUTH_KEY",
+            "CONDUCTOR_AUTH_SECRET",
+            "LAKECTL_SERVER_ENDPOINT_URL",
+            "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+            "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+        ] {
+            command.env_remove(var);
+        }
+        command.output().unwrap()
+    };
+    let history = [
+        "history",
+        "--repository",
+        &repository,
+        "--branch",
+        "main",
+        "-o",
+        "json",
+    ];
+    let mut args = vec!["--task", name, "-n", namespace];
+    args.extend(history);
+    let out = run(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["head"], json!(input_ref), "{view}");
+
+    let mut overridden = args.clone();
+    overridden.extend(["--lakefs-endpoint", "http://127.0.0.1:9"]);
+    let out = run(&overridden);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lakeFS"),
+        "the flag wins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut missing = vec!["--task", "nope", "-n", namespace];
+    missing.extend(history);
+    let out = run(&missing);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("PeragoTask {namespace}/nope not found")),
+        "{stderr}"
     );
 }
