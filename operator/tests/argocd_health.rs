@@ -1,74 +1,62 @@
-//! The Argo CD health check (`deploy/argocd/peragotask-health.lua`) run by a Lua 5.4 VM, as
-//! Argo CD runs it, against status fixtures.
+//! The Argo CD health check and resource actions of PeragoTask
+//! (`deploy/argocd/resource_customizations/perago.io/PeragoTask`), run by Argo CD's own Lua code:
+//! `e2e/argocd-lua`, which `e2e/bin/obtain argocd-lua` builds against
+//! github.com/argoproj/argo-cd/v3/util/lua on gopher-lua (Lua 5.1), hands the scripts to Argo CD
+//! as argocd-cm's customizations and checks every case of `health_test.yaml` and
+//! `actions/action_test.yaml`, in the format of Argo CD's built-in checks.
 
 #![allow(clippy::unwrap_used)]
 
-use mlua::{Lua, LuaSerdeExt};
-use serde_json::{Value, json};
-
-fn health(obj: &Value) -> (String, String) {
-    let script = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/argocd/peragotask-health.lua"
-    ))
-    .unwrap();
-    let lua = Lua::new();
-    lua.globals()
-        .set("obj", lua.to_value(obj).unwrap())
-        .unwrap();
-    let result: mlua::Table = lua.load(&script).eval().unwrap();
-    (
-        result.get("status").unwrap(),
-        result
-            .get::<Option<String>>("message")
-            .unwrap()
-            .unwrap_or_default(),
-    )
-}
-
-/// A PeragoTask as Argo CD sees it; a null status is left out (absent fields are nil in Lua).
-fn task(generation: i64, status: Value) -> Value {
-    let mut obj = json!({"apiVersion": "perago.io/v1alpha1", "kind": "PeragoTask",
-                         "metadata": {"name": "t", "generation": generation}});
-    if !status.is_null() {
-        obj["status"] = status;
-    }
-    obj
-}
-
-fn cond(t: &str, s: &str, message: &str) -> Value {
-    json!({"type": t, "status": s, "reason": "R", "message": message})
-}
+use std::path::Path;
+use std::process::Command;
 
 #[test]
-fn health_follows_the_conditions() {
-    assert_eq!(health(&task(1, Value::Null)).0, "Progressing");
-    let ready = json!({"observedGeneration": 2, "conditions": [
-        cond("Ready", "True", "TaskDef registered; 2/2 executor pods ready"), cond("Reconciling", "False", ""), cond("Stalled", "False", "")]});
-    assert_eq!(
-        health(&task(2, ready.clone())),
-        (
-            "Healthy".into(),
-            "TaskDef registered; 2/2 executor pods ready".into()
-        )
+fn argo_cd_reads_every_case_as_the_test_files_say() {
+    let runner = perago_e2e::process::obtain("argocd-lua").unwrap();
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/argocd/resource_customizations");
+    let out = Command::new(&runner).arg(&dir).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprint!("{stdout}");
+    let mismatched: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}{}",
+        runner.display(),
+        out.status,
+        mismatched.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(
-        health(&task(3, ready)).0,
-        "Progressing",
-        "an unobserved generation is not healthy yet"
+    // Every case the test files list ran: each has one inputPath.
+    let listed: usize = [
+        "perago.io/PeragoTask/health_test.yaml",
+        "perago.io/PeragoTask/actions/action_test.yaml",
+    ]
+    .iter()
+    .map(|file| {
+        std::fs::read_to_string(dir.join(file))
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                l.trim_start()
+                    .trim_start_matches("- ")
+                    .starts_with("inputPath:")
+            })
+            .count()
+    })
+    .sum();
+    assert!(listed >= 17, "{listed} cases listed");
+    assert!(
+        stdout.contains(&format!("argocd-lua: {listed} cases, 0 mismatched")),
+        "the runner did not report all {listed} cases"
     );
-    let rolling = json!({"observedGeneration": 1, "conditions": [
-        cond("Ready", "False", "waiting for executor pods (0/1 ready)"), cond("Reconciling", "True", "x"), cond("Stalled", "False", "")]});
-    assert_eq!(
-        health(&task(1, rolling)),
-        (
-            "Progressing".into(),
-            "waiting for executor pods (0/1 ready)".into()
-        )
-    );
-    let stalled = json!({"observedGeneration": 1, "conditions": [
-        cond("Ready", "False", "m"), cond("Stalled", "True", "spec.workspace.pre[0].path: workspace guardrail paths must be relative and must not contain '..'")]});
-    let (status, message) = health(&task(1, stalled));
-    assert_eq!(status, "Degraded");
-    assert!(message.contains("must not contain '..'"));
+    // Each health status the check gives has a case that Argo CD read so.
+    for status in ["Healthy", "Progressing", "Degraded", "Suspended"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok   health ") && l.contains(&format!(": {status} \""))),
+            "no case reads as {status}"
+        );
+    }
 }
