@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod collector;
 pub mod faults;
 pub mod fleet;
+pub mod flux;
 pub mod lake;
 pub mod measure;
 pub mod node;
