@@ -1,0 +1,657 @@
+//! Flux pulling PeragoTasks from Git on the real node: Flux's own source-controller and
+//! kustomize-controller (host processes, `perago_e2e::flux`) clone a repository from a Git
+//! server on this machine and apply the example tasks with `wait: true` and `prune: true`, while
+//! the operator, installed from the chart, reconciles them.
+//!
+//! - The Kustomization, with the health checks of `deploy/flux/peragotasks-kustomization.yaml`,
+//!   turns Ready only once every PeragoTask it applied is Ready, and a task removed from Git is
+//!   pruned.
+//! - The race: with the operator scaled to zero, a task applied through a new commit has no
+//!   status. Flux's default (kstatus) health check takes it for Current and reports the
+//!   Kustomization Ready at once; with the shipped expressions Flux waits until the operator is
+//!   back and the task is Ready. The test prints both figures, and also whether, with the
+//!   operator up, Flux's first health check of a new task came before the operator's first
+//!   status (not asserted: it is a race).
+//!
+//! The operator's webhook runs with `failurePolicy: Ignore` here, so that a task can be applied
+//! while no operator replica serves it (the chart's values say that is what Ignore is for).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
+use perago_e2e::flux::{self, Flux, Repository};
+use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::{Selection, shared};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
+
+/// The node with the operator and Flux, once per test binary.
+struct Setup {
+    cluster: Cluster,
+    flux: Flux,
+}
+
+static SETUP: OnceCell<Setup> = OnceCell::const_new();
+/// One scenario at a time: the race scales the operator every other scenario needs.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// One test's view of the setup, held for the whole test.
+struct Scenario {
+    cluster: &'static Cluster,
+    flux: &'static Flux,
+    /// A client of this test's own runtime (one made on another test's would stop with it).
+    client: kube::Client,
+    _one: MutexGuard<'static, ()>,
+}
+
+async fn setup(test: &str) -> Option<Scenario> {
+    if perago_e2e::node_opted_out(test) {
+        return None;
+    }
+    let services = shared(Selection::ALL).await;
+    let setup = SETUP
+        .get_or_init(|| async {
+            let cluster = Cluster::new(services).unwrap();
+            let took = cluster
+                .install_operator(&[
+                    "--set",
+                    "replicas=1",
+                    "--set",
+                    "webhook.failurePolicy=Ignore",
+                ])
+                .unwrap();
+            eprintln!("operator installed by helm and available in {took:.1?}");
+            let started = Instant::now();
+            let flux = Flux::start(services.dir(), &cluster).await.unwrap();
+            eprintln!(
+                "Flux's CRDs, controllers and Git server ready in {:.1?}",
+                started.elapsed()
+            );
+            Setup { cluster, flux }
+        })
+        .await;
+    let one = ONE_AT_A_TIME.lock().await;
+    Some(Scenario {
+        cluster: &setup.cluster,
+        flux: &setup.flux,
+        client: services.kube().client().await.unwrap(),
+        _one: one,
+    })
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The health checks `deploy/flux/peragotasks-kustomization.yaml` ships.
+fn shipped_health_checks() -> Value {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/flux/peragotasks-kustomization.yaml")).unwrap();
+    let kustomization: Value = serde_yaml::from_str(&text).unwrap();
+    let checks = kustomization["spec"]["healthCheckExprs"].clone();
+    assert!(
+        checks.as_array().is_some_and(|c| !c.is_empty()),
+        "deploy/flux/peragotasks-kustomization.yaml has no healthCheckExprs"
+    );
+    checks
+}
+
+/// An example task of `deploy/examples`, runnable on the node: named `name`, its Conductor
+/// task `<namespace>.<name>`, the node's busybox as its body image, no resource requests.
+fn example_task(file: &str, namespace: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(repo().join("deploy/examples").join(file)).unwrap();
+    let mut task: Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(task["kind"], "PeragoTask", "deploy/examples/{file}");
+    task["metadata"] = json!({"name": name});
+    task["spec"]["taskName"] = json!(format!("{namespace}.{name}"));
+    let body = &mut task["spec"]["executor"]["body"];
+    body["image"] = json!(BUSYBOX_BODY_IMAGE);
+    body["command"] = json!(["sh", "-c", "echo body"]);
+    if let Some(body) = body.as_object_mut() {
+        body.remove("args");
+        body.remove("resources");
+    }
+    serde_yaml::to_string(&task).unwrap()
+}
+
+fn kustomizations(client: &kube::Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("kustomize.toolkit.fluxcd.io", "v1", "Kustomization");
+    Api::namespaced_with(
+        client.clone(),
+        flux::NAMESPACE,
+        &ApiResource::from_gvk(&gvk),
+    )
+}
+
+fn tasks(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("perago.io", "v1alpha1", "PeragoTask");
+    Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
+}
+
+/// The object's condition `kind`, if it is for the object's current generation.
+fn condition<'a>(object: &'a DynamicObject, kind: &str) -> Option<&'a Value> {
+    let generation = object.metadata.generation;
+    object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .filter(|c| {
+            c["observedGeneration"]
+                .as_i64()
+                .is_none_or(|g| Some(g) == generation)
+        })
+}
+
+/// A task's conditions in a few words: `Ready=False (RollingOut), Reconciling=True, ...`.
+fn conditions(task: Option<&DynamicObject>) -> String {
+    let Some(task) = task else {
+        return "absent".into();
+    };
+    match task.data["status"]["conditions"].as_array() {
+        None => "no conditions".into(),
+        Some(conditions) => conditions
+            .iter()
+            .map(|c| {
+                let reason = c["reason"].as_str().unwrap_or_default();
+                format!(
+                    "{}={} ({reason})",
+                    c["type"].as_str().unwrap_or_default(),
+                    c["status"].as_str().unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn is_ready(object: &DynamicObject) -> bool {
+    condition(object, "Ready").is_some_and(|c| c["status"] == "True")
+}
+
+/// Whether the Kustomization is Ready with `commit` applied, for its current spec.
+fn applied(kustomization: &DynamicObject, commit: &str) -> bool {
+    let status = &kustomization.data["status"];
+    is_ready(kustomization)
+        && status["observedGeneration"].as_i64() == kustomization.metadata.generation
+        && status["lastAppliedRevision"]
+            .as_str()
+            .is_some_and(|r| r.ends_with(commit))
+}
+
+/// A GitRepository of `repository` and a Kustomization of its `./tasks` into `namespace`,
+/// with `wait` and `prune`, and `health_checks` when given.
+fn flux_objects(
+    name: &str,
+    repository: &Repository,
+    namespace: &str,
+    health_checks: Option<&Value>,
+) -> String {
+    let mut kustomization = json!({
+        "apiVersion": "kustomize.toolkit.fluxcd.io/v1",
+        "kind": "Kustomization",
+        "metadata": {"name": name, "namespace": flux::NAMESPACE},
+        "spec": {
+            "interval": "10m",
+            "sourceRef": {"kind": "GitRepository", "name": name},
+            "path": "./tasks",
+            "targetNamespace": namespace,
+            "prune": true,
+            "wait": true,
+            "timeout": "3m",
+        },
+    });
+    if let Some(checks) = health_checks {
+        kustomization["spec"]["healthCheckExprs"] = checks.clone();
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": [
+        {
+            "apiVersion": "source.toolkit.fluxcd.io/v1",
+            "kind": "GitRepository",
+            "metadata": {"name": name, "namespace": flux::NAMESPACE},
+            // Long: each commit is followed by a reconcile request, as `flux reconcile` makes.
+            "spec": {"url": repository.url, "ref": {"branch": "main"}, "interval": "10m"},
+        },
+        kustomization,
+    ]})
+    .to_string()
+}
+
+/// Ask source-controller to fetch the GitRepository `name` now (what `flux reconcile source
+/// git` does); kustomize-controller follows the new revision.
+fn request_reconcile(cluster: &Cluster, name: &str) {
+    let stamp = format!(
+        "reconcile.fluxcd.io/requestedAt={}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    cluster
+        .kubectl(&[
+            "annotate",
+            "--overwrite",
+            "-n",
+            flux::NAMESPACE,
+            &format!("gitrepository/{name}"),
+            &stamp,
+        ])
+        .unwrap();
+}
+
+/// What was seen, polling every 200 ms from `started`: when the Kustomization was first Ready
+/// with `commit` applied, and when each task was first Ready.
+struct Seen {
+    started: Instant,
+    flux_ready: Option<Instant>,
+    tasks_ready: BTreeMap<String, Instant>,
+    /// The tasks that were not Ready when the Kustomization was first seen Ready (read right
+    /// after it), each with the conditions it had then.
+    not_ready_at_flux_ready: Vec<(String, String)>,
+}
+
+impl Seen {
+    fn after(&self, at: Option<Instant>) -> Option<f64> {
+        at.map(|t| t.duration_since(self.started).as_secs_f64())
+    }
+}
+
+/// Poll the Kustomization `name` and the tasks `names` until `until` holds of what was seen or
+/// `limit` passes.
+async fn watch(
+    setup: &Scenario,
+    name: &str,
+    commit: &str,
+    namespace: &str,
+    names: &[&str],
+    limit: Duration,
+    until: impl Fn(&Seen) -> bool,
+) -> Seen {
+    let (kustomizations, tasks) = (
+        kustomizations(&setup.client),
+        tasks(&setup.client, namespace),
+    );
+    let mut seen = Seen {
+        started: Instant::now(),
+        flux_ready: None,
+        tasks_ready: BTreeMap::new(),
+        not_ready_at_flux_ready: Vec::new(),
+    };
+    while seen.started.elapsed() < limit && !until(&seen) {
+        let ks = kustomizations.get(name).await.unwrap();
+        let now = Instant::now();
+        let first = seen.flux_ready.is_none() && applied(&ks, commit);
+        if first {
+            seen.flux_ready = Some(now);
+        }
+        for task in names {
+            let object = tasks.get_opt(task).await.unwrap();
+            if object.as_ref().is_some_and(is_ready) {
+                seen.tasks_ready.entry((*task).to_owned()).or_insert(now);
+            } else if first {
+                seen.not_ready_at_flux_ready
+                    .push(((*task).to_owned(), conditions(object.as_ref())));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    seen
+}
+
+fn describe(setup: &Scenario, name: &str, namespace: &str) -> String {
+    let get = |args: &[&str]| {
+        setup
+            .cluster
+            .kubectl(args)
+            .unwrap_or_else(|e| format!("{e:#}"))
+    };
+    format!(
+        "--- the Kustomization:\n{}\n--- the GitRepository:\n{}\n--- the tasks:\n{}\n--- pods:\n{}",
+        get(&[
+            "get",
+            "-n",
+            flux::NAMESPACE,
+            "kustomization",
+            name,
+            "-o",
+            "yaml"
+        ]),
+        get(&[
+            "get",
+            "-n",
+            flux::NAMESPACE,
+            "gitrepository",
+            name,
+            "-o",
+            "yaml"
+        ]),
+        get(&["get", "-n", namespace, "peragotasks", "-o", "wide"]),
+        get(&["get", "-n", namespace, "pods", "-o", "wide"]),
+    )
+}
+
+fn scale_operator(cluster: &Cluster, replicas: u32) {
+    cluster
+        .kubectl(&[
+            "scale",
+            "-n",
+            OPERATOR_NAMESPACE,
+            &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+            &format!("--replicas={replicas}"),
+        ])
+        .unwrap();
+    if replicas == 0 {
+        cluster
+            .kubectl(&[
+                "wait",
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--for=delete",
+                "pod",
+                "-l",
+                "app.kubernetes.io/name=perago-operator",
+                "--timeout=120s",
+            ])
+            .unwrap();
+    }
+}
+
+/// The example tasks through Git: Ready only once every task is; a task removed from Git is
+/// pruned, the others stay.
+#[tokio::test]
+async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() {
+    let Some(scenario) =
+        setup("a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git").await
+    else {
+        return;
+    };
+    let setup = &scenario;
+    let (name, namespace) = ("examples", "gitops-examples");
+    setup.cluster.task_namespace(namespace).unwrap();
+    let repository = setup.flux.git.repository(name).unwrap();
+    let examples = [
+        ("workspace-task.yaml", "features-build"),
+        ("read-only-task.yaml", "features-validate"),
+        ("workspace-free-task.yaml", "notify-owner"),
+    ];
+    for (file, task) in examples {
+        repository
+            .write(
+                &format!("tasks/{file}"),
+                &example_task(file, namespace, task),
+            )
+            .unwrap();
+    }
+    let commit = repository.commit("The example tasks").unwrap();
+    setup
+        .cluster
+        .apply(&flux_objects(
+            name,
+            &repository,
+            namespace,
+            Some(&shipped_health_checks()),
+        ))
+        .unwrap();
+    let names: Vec<&str> = examples.iter().map(|(_, task)| *task).collect();
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &names,
+        Duration::from_secs(240),
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    let Some(flux_ready) = seen.flux_ready else {
+        panic!(
+            "the Kustomization was not Ready with {commit} after 240 s\n{}",
+            describe(setup, name, namespace)
+        );
+    };
+    assert!(
+        seen.not_ready_at_flux_ready.is_empty(),
+        "Flux reported the Kustomization Ready while {:?} were not\n{}",
+        seen.not_ready_at_flux_ready,
+        describe(setup, name, namespace)
+    );
+    let last_task = seen.tasks_ready.values().max().copied();
+    eprintln!(
+        "examples: Kustomization Ready {:.1} s after it was applied; the last of {} tasks Ready at {:.1} s",
+        seen.after(Some(flux_ready)).unwrap(),
+        names.len(),
+        seen.after(last_task).unwrap_or(f64::NAN),
+    );
+
+    // The read-only task removed from Git: pruned, and the others kept.
+    let (removed_file, removed) = examples[1];
+    repository.remove(&format!("tasks/{removed_file}")).unwrap();
+    let commit = repository.commit("Remove the read-only task").unwrap();
+    let started = Instant::now();
+    request_reconcile(setup.cluster, name);
+    let kept: Vec<&str> = names.iter().copied().filter(|n| *n != removed).collect();
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &kept,
+        Duration::from_secs(120),
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    assert!(
+        seen.flux_ready.is_some(),
+        "the Kustomization was not Ready with {commit} after 120 s\n{}",
+        describe(setup, name, namespace)
+    );
+    let tasks = tasks(&setup.client, namespace);
+    loop {
+        if tasks.get_opt(removed).await.unwrap().is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{removed} was not pruned 60 s after its removal from Git\n{}",
+            describe(setup, name, namespace)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "prune: {removed} gone {:.1?} after the commit that removed it",
+        started.elapsed()
+    );
+    for task in kept {
+        let task = tasks.get(task).await.unwrap();
+        assert!(
+            is_ready(&task),
+            "{:?} is not Ready after the prune",
+            task.metadata.name
+        );
+    }
+}
+
+/// With the operator down, a new task has no status: without health expressions Flux reports
+/// the Kustomization Ready before the operator has looked; with the shipped ones it waits for
+/// the operator to come back and the task to be Ready.
+#[tokio::test]
+async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks() {
+    let Some(scenario) =
+        setup("with_the_operator_down_flux_waits_only_with_the_shipped_health_checks").await
+    else {
+        return;
+    };
+    let setup = &scenario;
+    let (name, namespace) = ("race", "gitops-race");
+    setup.cluster.task_namespace(namespace).unwrap();
+    let repository = setup.flux.git.repository(name).unwrap();
+    let write_task = |task: &str| {
+        repository
+            .write(
+                &format!("tasks/{task}.yaml"),
+                &example_task("workspace-free-task.yaml", namespace, task),
+            )
+            .unwrap();
+    };
+    let limit = Duration::from_secs(240);
+
+    // A first task, with the operator up and Flux's default health checks.
+    write_task("first");
+    let commit = repository.commit("A first task").unwrap();
+    setup
+        .cluster
+        .apply(&flux_objects(name, &repository, namespace, None))
+        .unwrap();
+    let seen = watch(setup, name, &commit, namespace, &["first"], limit, |seen| {
+        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("first")
+    })
+    .await;
+    assert!(
+        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("first"),
+        "the first task and its Kustomization were not Ready\n{}",
+        describe(setup, name, namespace)
+    );
+    // Not asserted: whether Flux's first health check comes before the operator's first status.
+    eprintln!(
+        "race with the operator up, without health expressions: Flux Ready {:.1} s after the \
+         apply (the task then: {}), the task Ready at {:.1} s",
+        seen.after(seen.flux_ready).unwrap(),
+        seen.not_ready_at_flux_ready
+            .first()
+            .map_or("Ready", |(_, conditions)| conditions.as_str()),
+        seen.after(seen.tasks_ready.get("first").copied()).unwrap(),
+    );
+
+    // Without health expressions: the operator scaled to zero, a second task committed.
+    scale_operator(setup.cluster, 0);
+    write_task("second");
+    let commit = repository.commit("A second task").unwrap();
+    request_reconcile(setup.cluster, name);
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &["second"],
+        limit,
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    let Some(flux_ready) = seen.flux_ready else {
+        panic!(
+            "without health expressions the Kustomization was not Ready with {commit}\n{}",
+            describe(setup, name, namespace)
+        );
+    };
+    let second = tasks(&setup.client, namespace).get("second").await.unwrap();
+    assert!(
+        second.data["status"]["conditions"].is_null(),
+        "the operator is down, yet the second task has conditions: {:#}",
+        second.data["status"]
+    );
+    // Some seconds more with the operator down: Flux keeps calling it Ready.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let ks = kustomizations(&setup.client).get(name).await.unwrap();
+    assert!(
+        applied(&ks, &commit),
+        "{}",
+        describe(setup, name, namespace)
+    );
+    let operator_back = Instant::now();
+    scale_operator(setup.cluster, 1);
+    let back = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &["second"],
+        limit,
+        |seen| seen.tasks_ready.contains_key("second"),
+    )
+    .await;
+    let Some(second_ready) = back.tasks_ready.get("second").copied() else {
+        panic!(
+            "the second task was not Ready after the operator came back\n{}",
+            describe(setup, name, namespace)
+        );
+    };
+    let without = second_ready.duration_since(flux_ready).as_secs_f64();
+    eprintln!(
+        "race without health expressions: Flux reported Ready {:.1} s after the reconcile request, \
+         with the task unseen by the operator; the task was Ready {without:.1} s later ({:.1} s \
+         after the operator was scaled back up)",
+        seen.after(Some(flux_ready)).unwrap(),
+        second_ready.duration_since(operator_back).as_secs_f64(),
+    );
+
+    // With the shipped expressions: set while the operator is up, then the operator down again
+    // and a third task committed.
+    let checks = shipped_health_checks();
+    setup
+        .cluster
+        .apply(&flux_objects(name, &repository, namespace, Some(&checks)))
+        .unwrap();
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &["first", "second"],
+        limit,
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    assert!(
+        seen.flux_ready.is_some(),
+        "the Kustomization with health expressions was not Ready\n{}",
+        describe(setup, name, namespace)
+    );
+    scale_operator(setup.cluster, 0);
+    write_task("third");
+    let commit = repository.commit("A third task").unwrap();
+    request_reconcile(setup.cluster, name);
+    // Longer than the two health-check polls (every 5 s) Flux would need to call it Ready.
+    let hold = Duration::from_secs(20);
+    let held = watch(setup, name, &commit, namespace, &["third"], hold, |seen| {
+        seen.flux_ready.is_some()
+    })
+    .await;
+    assert!(
+        held.flux_ready.is_none(),
+        "with the health expressions Flux reported Ready while the operator was down\n{}",
+        describe(setup, name, namespace)
+    );
+    let ks = kustomizations(&setup.client).get(name).await.unwrap();
+    let message = condition(&ks, "Ready").map(|c| c["message"].clone());
+    eprintln!("race with health expressions: while the operator is down, Flux says {message:?}");
+    let operator_back = Instant::now();
+    scale_operator(setup.cluster, 1);
+    let seen = watch(setup, name, &commit, namespace, &["third"], limit, |seen| {
+        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("third")
+    })
+    .await;
+    let (Some(flux_ready), Some(third_ready)) =
+        (seen.flux_ready, seen.tasks_ready.get("third").copied())
+    else {
+        panic!(
+            "after the operator came back, the Kustomization or the third task was not Ready\n{}",
+            describe(setup, name, namespace)
+        );
+    };
+    assert!(
+        seen.not_ready_at_flux_ready.is_empty() && flux_ready >= third_ready,
+        "Flux reported Ready before the third task was\n{}",
+        describe(setup, name, namespace)
+    );
+    eprintln!(
+        "race with health expressions: the task Ready {:.1} s after the operator was scaled back \
+         up, Flux Ready {:.1} s after the task (Flux held for {:.0} s with the operator down)",
+        third_ready.duration_since(operator_back).as_secs_f64(),
+        flux_ready.duration_since(third_ready).as_secs_f64(),
+        hold.as_secs_f64(),
+    );
+}
