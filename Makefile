@@ -89,7 +89,7 @@ lint: prerequisites
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	@# Licenses, sources and duplicate crates of the dependency graph (deny.toml).
 	$$(e2e/bin/obtain cargo-deny | cut -d' ' -f2) check --hide-inclusion-graph licenses bans sources
-	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua)" || { gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua; echo "gofmt: the files above need formatting"; exit 1; }
+	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua e2e/gitserver)" || { gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua e2e/gitserver; echo "gofmt: the files above need formatting"; exit 1; }
 	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test e2e/bin/release fuzz/run deploy/krew/manifest .ci/run
 
 ## Regenerate the committed CRD (CI fails when it drifts).
