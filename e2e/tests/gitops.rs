@@ -386,6 +386,21 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
             )
             .unwrap();
     }
+    // A task suspended in Git is a desired state reached, not one to wait for.
+    let suspended = "notify-paused";
+    let mut paused: Value = serde_yaml::from_str(&example_task(
+        "workspace-free-task.yaml",
+        namespace,
+        suspended,
+    ))
+    .unwrap();
+    paused["spec"]["suspend"] = json!(true);
+    repository
+        .write(
+            "tasks/suspended-task.yaml",
+            &serde_yaml::to_string(&paused).unwrap(),
+        )
+        .unwrap();
     let commit = repository.commit("The example tasks").unwrap();
     setup
         .cluster
@@ -418,6 +433,16 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
         "Flux reported the Kustomization Ready while {:?} were not\n{}",
         seen.not_ready_at_flux_ready,
         describe(setup, name, namespace)
+    );
+    let paused = tasks(&setup.client, namespace)
+        .get(suspended)
+        .await
+        .unwrap();
+    let ready = condition(&paused, "Ready");
+    assert_eq!(
+        ready.and_then(|c| c["reason"].as_str()),
+        Some("Suspended"),
+        "{suspended}: {ready:?}"
     );
     let last_task = seen.tasks_ready.values().max().copied();
     eprintln!(
