@@ -228,10 +228,10 @@ pub fn observed(old: &PeragoTaskStatus, seen: &Observed<'_>) -> PeragoTaskStatus
     }
 }
 
-/// The status of a suspended task: not Ready, for `Suspended`, and reconciling while
-/// `pods` executor pods are still finishing their attempts. Once they are gone it is a
-/// desired state reached, not a failure: kstatus reads it as Current, Argo CD as Suspended
-/// (docs/gitops.md).
+/// The status of a suspended task, for `Suspended`: reconciling and not Ready while `pods`
+/// executor pods are still finishing their attempts; once they are gone, a desired state
+/// reached, so Ready (ADR 0035): kstatus reads a False Ready as in progress, and Flux and
+/// `kubectl wait` would wait for it forever. Argo CD reads it as Suspended by its reason.
 fn suspended(old: &PeragoTaskStatus, seen: &Observed<'_>, pods: usize) -> PeragoTaskStatus {
     let message = if pods > 0 {
         format!("Suspended: {pods} executor pods finishing their attempts")
@@ -247,7 +247,7 @@ fn suspended(old: &PeragoTaskStatus, seen: &Observed<'_>, pods: usize) -> Perago
             &old.conditions,
             seen.generation,
             [
-                said(false, SUSPENDED, &message),
+                said(pods == 0, SUSPENDED, &message),
                 said(pods > 0, SUSPENDED, if pods > 0 { &message } else { "" }),
                 said(false, SUSPENDED, ""),
             ],
@@ -333,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn a_suspended_task_reconciles_until_its_pods_are_gone() {
+    fn a_suspended_task_reconciles_until_its_pods_are_gone_then_is_ready() {
         let ds = DeploymentStatus::default();
         let draining = Observed {
             replicas: 0,
@@ -361,7 +361,7 @@ mod tests {
         assert_eq!(
             brief(&status),
             owned(&[
-                ("Ready", "False", "Suspended"),
+                ("Ready", "True", "Suspended"),
                 ("Reconciling", "False", "Suspended"),
                 ("Stalled", "False", "Suspended"),
             ])

@@ -378,9 +378,9 @@ async fn the_commands_the_chart_notes_print_run() {
 /// Flux's own status library (kstatus, from sigs.k8s.io/cli-utils) reads a Ready PeragoTask as
 /// Current, one whose pods are still coming as InProgress and an invalid one as Failed.
 #[tokio::test]
-async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
+async fn flux_kstatus_reads_ready_rolling_out_invalid_and_suspended_tasks() {
     let Some((services, cluster)) =
-        cluster("flux_kstatus_reads_ready_rolling_out_and_invalid_tasks").await
+        cluster("flux_kstatus_reads_ready_rolling_out_invalid_and_suspended_tasks").await
     else {
         return;
     };
@@ -413,6 +413,8 @@ async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
             json!({"workspace": {"pre": [{"kind": "requireFile", "path": "../outside"}]}}),
             "Failed",
         ),
+        // A desired state reached (ADR 0035).
+        ("suspended", json!({"suspend": true}), "Current"),
     ];
     // The admission webhook refuses the invalid one: it plays an object stored before the
     // webhook existed (the other tasks this binary applies meanwhile are valid).
@@ -431,6 +433,7 @@ async fn flux_kstatus_reads_ready_rolling_out_and_invalid_tasks() {
     )
     .await;
     ready_condition(&client, namespace, "invalid", &["InvalidSpec"]).await;
+    ready_condition(&client, namespace, "suspended", &["Suspended"]).await;
     for (name, _, expected) in &cases {
         let line = verdict(name);
         assert!(

@@ -6,7 +6,9 @@
 --   no status yet, or a generation not observed     Progressing (Suspending or Resuming when
 --                                                   that change is what waits)
 --   Stalled=True                                    Degraded, with Stalled's message
---   Ready=False for Suspended, Reconciling=False    Suspended, with Ready's message
+--   Ready for Suspended, Reconciling=False          Suspended, with Ready's message (the
+--                                                   operator says Ready=True once the pods
+--                                                   are gone: ADR 0035)
 --   Ready=True                                      Healthy, with Ready's message
 --   anything else (rolling out, pods not ready,     Progressing, with Ready's message
 --   Conductor unavailable, a suspension draining)
@@ -34,7 +36,7 @@ end
 local ready = conditions["Ready"]
 local reconciling = conditions["Reconciling"]
 local stalled = conditions["Stalled"]
-local suspendedByOperator = ready ~= nil and ready.status == "False" and ready.reason == "Suspended"
+local suspendedByOperator = ready ~= nil and ready.reason == "Suspended"
 
 local generation = obj.metadata.generation
 if generation ~= nil and (status.observedGeneration == nil or status.observedGeneration < generation) then
