@@ -1,11 +1,11 @@
-//! `kubectl perago`: a task's status, suspend and resume, and the recovery steps of
+//! `kubectl perago`: a task's status, suspend and resume, its logs, and the recovery steps of
 //! docs/design.md as commands. `status` shows a PeragoTask on one screen; `suspend` and
-//! `resume` set its `spec.suspend`; `history` classifies a branch's
-//! first-parent history with the same rules as the publish fence; `explain` says what became
-//! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
-//! attempts that can no longer publish; `install-fence` commits the hard fence on a branch.
-//! Each command builds a view first and prints it as a table, JSON or YAML; nothing is changed
-//! before every lookup has succeeded.
+//! `resume` set its `spec.suspend`; `logs` prints an attempt's or a task's lines; `history`
+//! classifies a branch's first-parent history with the same rules as the publish fence;
+//! `explain` says what became of each attempt of a workflow's workspace steps; `gc` removes
+//! the staging branches of attempts that can no longer publish; `install-fence` commits the
+//! hard fence on a branch. Each command builds a view first and prints it as a table, JSON or
+//! YAML; nothing is changed before every lookup has succeeded.
 
 pub mod cluster;
 pub mod connect;
@@ -14,6 +14,7 @@ pub mod explain;
 pub mod fence;
 pub mod gc;
 pub mod history;
+pub mod logs;
 pub mod output;
 pub mod status;
 pub mod suspend;

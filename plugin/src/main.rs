@@ -5,17 +5,18 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+use perago_conductor::ConductorClient;
 use perago_kubectl::cluster::{self, ClusterFlags};
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
-use perago_kubectl::{Failure, explain, fence, gc, history, status, suspend};
+use perago_kubectl::{Failure, explain, fence, gc, history, logs, status, suspend};
 
 #[derive(Parser)]
 #[command(
     name = "kubectl-perago",
     bin_name = "kubectl perago",
     version,
-    about = "Operate Perago tasks: their status, suspend and resume; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
+    about = "Operate Perago tasks: their status, suspend and resume, logs; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
     after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage.\n\nStart from a task: kubectl perago status TASK -n NAMESPACE"
 )]
 struct Cli {
@@ -39,6 +40,9 @@ enum Command {
     Suspend(suspend::SuspendArgs),
     /// Start a suspended task again.
     Resume(suspend::SuspendArgs),
+    /// Print an attempt's lines, its sidecar's and its body's in time order, or the sidecar
+    /// lines of every pod of a task.
+    Logs(logs::LogsArgs),
     /// Classify a branch's first-parent history: publications, supersessions, foreign commits.
     History(history::HistoryArgs),
     /// Say what became of each attempt of a workflow's workspace steps.
@@ -105,6 +109,25 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 Err(Failure::Flagged)
             }
         }
+        Command::Logs(args) => {
+            // A follow streams for as long as it is asked to: no read timeout then.
+            let read = (!args.follow).then_some(timeout);
+            let (client, namespace) = cluster::connect(&cli.cluster, read).await?;
+            // Conductor is only asked which pod ran an attempt.
+            let (conductor, conductor_unfound) =
+                if args.workflow.is_some() || args.task_id.is_some() {
+                    task_conductor(cli, &args.task).await?
+                } else {
+                    (None, None)
+                };
+            let sources = logs::Sources {
+                client,
+                namespace,
+                conductor: conductor.as_ref(),
+                conductor_unfound,
+            };
+            logs::run(&sources, args, cli.output).await
+        }
         Command::Suspend(args) | Command::Resume(args) => {
             let suspend = matches!(cli.command, Command::Suspend(_));
             let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
@@ -127,6 +150,24 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             recovery(command, &endpoints, cli.output).await
         }
     }
+}
+
+/// The task's own Conductor (found as `--task` finds it), unless flags or variables give one;
+/// when it cannot be found, why.
+async fn task_conductor(
+    cli: &Cli,
+    task: &str,
+) -> Result<(Option<ConductorClient>, Option<String>), Failure> {
+    let endpoints = Endpoints {
+        task: cli.endpoints.task.clone().or_else(|| Some(task.to_owned())),
+        ..cli.endpoints.clone()
+    };
+    let (endpoints, unread) = match endpoints.resolved(&cli.cluster).await {
+        Ok(endpoints) => (endpoints, None),
+        Err(Failure::Error(e)) => (cli.endpoints.clone(), Some(format!("{e:#}"))),
+        Err(other) => return Err(other),
+    };
+    Ok((endpoints.conductor()?, unread))
 }
 
 /// The commands that work on lakeFS branches and workflows.
@@ -167,6 +208,7 @@ async fn recovery(command: &Command, endpoints: &Endpoints, output: Format) -> R
         Command::Status(_)
         | Command::Suspend(_)
         | Command::Resume(_)
+        | Command::Logs(_)
         | Command::Completion { .. } => {
             unreachable!("handled by run")
         }
