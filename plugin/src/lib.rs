@@ -1,11 +1,12 @@
-//! `kubectl perago`: a task's status, suspend and resume, its logs, and the recovery steps of
-//! docs/design.md as commands. `status` shows a PeragoTask on one screen; `suspend` and
-//! `resume` set its `spec.suspend`; `logs` prints an attempt's or a task's lines; `history`
-//! classifies a branch's first-parent history with the same rules as the publish fence;
-//! `explain` says what became of each attempt of a workflow's workspace steps; `gc` removes
-//! the staging branches of attempts that can no longer publish; `install-fence` commits the
-//! hard fence on a branch. Each command builds a view first and prints it as a table, JSON or
-//! YAML; nothing is changed before every lookup has succeeded.
+//! `kubectl perago`: a task's status, suspend and resume, its logs and support bundle, and the
+//! recovery steps of docs/design.md as commands. `status` shows a PeragoTask on one screen;
+//! `suspend` and `resume` set its `spec.suspend`; `logs` prints an attempt's or a task's
+//! lines; `report` writes a redacted support bundle; `history` classifies a branch's
+//! first-parent history with the same rules as the publish fence; `explain` says what became
+//! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
+//! attempts that can no longer publish; `install-fence` commits the hard fence on a branch.
+//! Each command builds a view first and prints it as a table, JSON or YAML; nothing is changed
+//! before every lookup has succeeded.
 
 pub mod cluster;
 pub mod connect;
@@ -16,6 +17,8 @@ pub mod gc;
 pub mod history;
 pub mod logs;
 pub mod output;
+pub mod redact;
+pub mod report;
 pub mod status;
 pub mod suspend;
 

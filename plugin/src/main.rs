@@ -9,14 +9,14 @@ use perago_conductor::ConductorClient;
 use perago_kubectl::cluster::{self, ClusterFlags};
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
-use perago_kubectl::{Failure, explain, fence, gc, history, logs, status, suspend};
+use perago_kubectl::{Failure, explain, fence, gc, history, logs, report, status, suspend};
 
 #[derive(Parser)]
 #[command(
     name = "kubectl-perago",
     bin_name = "kubectl perago",
     version,
-    about = "Operate Perago tasks: their status, suspend and resume, logs; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
+    about = "Operate Perago tasks: their status, suspend and resume, logs and support bundles; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
     after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage.\n\nStart from a task: kubectl perago status TASK -n NAMESPACE"
 )]
 struct Cli {
@@ -43,6 +43,8 @@ enum Command {
     /// Print an attempt's lines, its sidecar's and its body's in time order, or the sidecar
     /// lines of every pod of a task.
     Logs(logs::LogsArgs),
+    /// Write a redacted support bundle of a task, or of the operator.
+    Report(report::ReportArgs),
     /// Classify a branch's first-parent history: publications, supersessions, foreign commits.
     History(history::HistoryArgs),
     /// Say what became of each attempt of a workflow's workspace steps.
@@ -128,6 +130,28 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             };
             logs::run(&sources, args, cli.output).await
         }
+        Command::Report(args) => {
+            let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
+            let (conductor, conductor_unfound) = match report::Target::of(&args.target) {
+                report::Target::Task(task) => task_conductor(cli, &task).await?,
+                report::Target::Operator => (None, None),
+            };
+            let sources = report::Sources {
+                client,
+                namespace,
+                conductor: conductor.as_ref(),
+                conductor_unfound,
+                timeout,
+                context: cli.cluster.context.clone(),
+            };
+            let view = report::run(&sources, args).await?;
+            print!("{}", render(&view, cli.output)?);
+            if view.not_collected.is_empty() && view.not_redacted.is_empty() {
+                Ok(())
+            } else {
+                Err(Failure::Flagged)
+            }
+        }
         Command::Suspend(args) | Command::Resume(args) => {
             let suspend = matches!(cli.command, Command::Suspend(_));
             let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
@@ -209,6 +233,7 @@ async fn recovery(command: &Command, endpoints: &Endpoints, output: Format) -> R
         | Command::Suspend(_)
         | Command::Resume(_)
         | Command::Logs(_)
+        | Command::Report(_)
         | Command::Completion { .. } => {
             unreachable!("handled by run")
         }
