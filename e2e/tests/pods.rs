@@ -29,6 +29,8 @@ mod publish;
 mod scaling;
 #[path = "pods/security.rs"]
 mod security;
+#[path = "pods/support_bundle.rs"]
+mod support_bundle;
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
