@@ -82,11 +82,14 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 Err(other) => return Err(other),
             };
             let conductor = endpoints.conductor()?;
+            // lakeFS only for the publications of a workspace task; its absence is said there.
+            let lakefs = endpoints.lakefs().ok();
             let sources = status::Sources {
                 client,
                 namespace,
                 conductor: conductor.as_ref(),
                 conductor_unfound: unread,
+                lakefs: lakefs.as_ref(),
                 timeout,
             };
             let clear = args.watch

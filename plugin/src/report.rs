@@ -449,6 +449,7 @@ async fn task(
         namespace: ns.to_owned(),
         conductor: sources.conductor,
         conductor_unfound: sources.conductor_unfound.clone(),
+        lakefs: None,
         timeout: sources.timeout,
     };
     let status_args = crate::status::StatusArgs {

@@ -17,6 +17,8 @@ use serde_json::Value;
 use perago_api::PeragoTask;
 use perago_api::pod::TASK_LABEL;
 use perago_conductor::{ConductorClient, queue_name};
+use perago_lakefs::LakeFsClient;
+use perago_workspace::publication::Key;
 
 use crate::duration::age;
 use crate::output::{Table, cell, columns};
@@ -47,6 +49,8 @@ pub struct StatusView {
     pub queue: Option<QueueRow>,
     /// The task type's latest attempts, newest first.
     pub attempts: Vec<AttemptRow>,
+    /// What the latest attempts published (a workspace task's new commits), newest first.
+    pub publications: Vec<PublicationRow>,
     /// What could not be read, and why.
     pub unread: Vec<String>,
 }
@@ -126,6 +130,18 @@ pub struct AttemptRow {
     pub reason: String,
 }
 
+/// A commit an attempt published: its output ref where it differs from its input ref.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicationRow {
+    pub workflow_id: String,
+    pub repository: String,
+    pub branch: String,
+    pub commit: String,
+    /// The commit's `perago.*` metadata, as lakeFS holds it (empty when lakeFS was not read).
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
 /// What `status` reads, gathered for one view.
 pub struct Sources<'a> {
     pub client: kube::Client,
@@ -133,6 +149,8 @@ pub struct Sources<'a> {
     pub conductor: Option<&'a ConductorClient>,
     /// Why the task's own Conductor could not be found, when none was given.
     pub conductor_unfound: Option<String>,
+    /// For the `perago.*` metadata of a workspace task's publications.
+    pub lakefs: Option<&'a LakeFsClient>,
     pub timeout: Duration,
 }
 
@@ -161,7 +179,7 @@ pub async fn run(sources: &Sources<'_>, args: &StatusArgs) -> anyhow::Result<Sta
                 .into(),
         );
     }
-    let (mut queue, attempts) = match sources.conductor {
+    let (mut queue, tasks) = match sources.conductor {
         Some(conductor) => conductor_side(conductor, &task, args.attempts, &mut unread).await,
         None => {
             let why = sources
@@ -172,6 +190,8 @@ pub async fn run(sources: &Sources<'_>, args: &StatusArgs) -> anyhow::Result<Sta
             (None, Vec::new())
         }
     };
+    let attempts = tasks.iter().map(attempt).collect();
+    let publications = publications(sources.lakefs, &tasks, &mut unread).await;
     // The pods' own count is newer than the operator's, when every running pod answered.
     let answered = pods.iter().filter(|p| p.phase == "Running" && !p.stopping);
     if let (Some(q), Some(busy)) = (
@@ -186,8 +206,63 @@ pub async fn run(sources: &Sources<'_>, args: &StatusArgs) -> anyhow::Result<Sta
         pods,
         queue,
         attempts,
+        publications,
         unread,
     })
+}
+
+/// The commits the completed attempts among `tasks` published, each with its `perago.*`
+/// metadata read from lakeFS (at most one call per publication).
+async fn publications(
+    lakefs: Option<&LakeFsClient>,
+    tasks: &[Value],
+    unread: &mut Vec<String>,
+) -> Vec<PublicationRow> {
+    let mut rows: Vec<PublicationRow> = tasks
+        .iter()
+        .filter(|t| t["status"] == "COMPLETED")
+        .filter_map(|t| {
+            let input = &t["inputData"]["workspace"];
+            let output = &t["outputData"]["workspace"];
+            let commit = output["ref"].as_str()?;
+            (commit != input["ref"].as_str()?).then(|| PublicationRow {
+                workflow_id: t["workflowInstanceId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                repository: output["repository"].as_str().unwrap_or_default().to_owned(),
+                branch: output["branch"].as_str().unwrap_or_default().to_owned(),
+                commit: commit.to_owned(),
+                metadata: Default::default(),
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return rows;
+    }
+    let Some(lakefs) = lakefs else {
+        unread.push(
+            "publications' metadata: no lakeFS (--lakefs-endpoint and its keys, or the task's own)"
+                .into(),
+        );
+        return rows;
+    };
+    for row in &mut rows {
+        match lakefs.get_commit(&row.repository, &row.commit).await {
+            Ok(commit) => {
+                row.metadata = commit
+                    .metadata
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("perago."))
+                    .collect();
+            }
+            Err(e) => {
+                unread.push(format!("publication {}: {e}", row.commit));
+                break;
+            }
+        }
+    }
+    rows
 }
 
 fn summary(task: &PeragoTask) -> Summary {
@@ -342,7 +417,7 @@ async fn conductor_side(
     task: &PeragoTask,
     count: u32,
     unread: &mut Vec<String>,
-) -> (Option<QueueRow>, Vec<AttemptRow>) {
+) -> (Option<QueueRow>, Vec<Value>) {
     let task_type = &task.spec.task_name;
     let domain = task.spec.domain();
     let queue = match conductor.queue_size(task_type, domain).await {
@@ -360,7 +435,7 @@ async fn conductor_side(
         return (queue, Vec::new());
     }
     let attempts = match conductor.recent_tasks(task_type, count).await {
-        Ok(tasks) => tasks.iter().map(attempt).collect(),
+        Ok(tasks) => tasks,
         Err(e) => {
             unread.push(format!(
                 "attempts: {e} (Conductor {})",
@@ -509,6 +584,27 @@ impl Table for StatusView {
                 &[
                     "WORKFLOW", "RETRY", "STATUS", "WORKER", "STARTED", "TOOK", "REASON",
                 ],
+                &rows,
+            ));
+        }
+        if !self.publications.is_empty() {
+            out += "\nLatest publications:\n";
+            let rows: Vec<Vec<String>> = self
+                .publications
+                .iter()
+                .map(|p| {
+                    let meta = |k: &str| p.metadata.get(k).cloned().unwrap_or_else(|| "-".into());
+                    vec![
+                        crate::output::short(&p.commit),
+                        cell(&format!("{}@{}", p.repository, p.branch), 80),
+                        p.workflow_id.clone(),
+                        meta(Key::RetryCount.wire()),
+                        meta(Key::Phase.wire()),
+                    ]
+                })
+                .collect();
+            out += &indent(&columns(
+                &["COMMIT", "BRANCH", "WORKFLOW", "RETRY", "PHASE"],
                 &rows,
             ));
         }

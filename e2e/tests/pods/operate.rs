@@ -589,4 +589,50 @@ async fn kubectl_perago_finds_the_servers_of_a_task() {
         stderr.contains(&format!("PeragoTask {namespace}/nope not found")),
         "{stderr}"
     );
+
+    // A published step: `status` shows its commit with the confirm metadata lakeFS holds,
+    // read with the credentials the task's pods use.
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let workflow = start_step(
+        &conductor,
+        namespace,
+        name,
+        "status-publication",
+        &repository,
+        &input_ref,
+        1,
+    )
+    .await;
+    let finished = conductor.finished(&workflow).await;
+    assert_eq!(finished["status"], "COMPLETED", "{finished}");
+    let published = finished["tasks"][0]["outputData"]["workspace"]["ref"].clone();
+    let view: serde_json::Value = {
+        let started = std::time::Instant::now();
+        loop {
+            let out = run(&["status", name, "-n", namespace, "-o", "json"]);
+            let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            // Conductor's index follows a task's updates a moment later.
+            if view["publications"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty())
+            {
+                assert_eq!(out.status.code(), Some(0), "{view}");
+                break view;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no publication in {view}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let publication = &view["publications"][0];
+    assert_eq!(publication["commit"], published, "{view}");
+    assert_eq!(publication["workflowId"], json!(workflow), "{view}");
+    assert_eq!(publication["metadata"]["perago.phase"], "confirm", "{view}");
+    assert_eq!(
+        publication["metadata"]["perago.workflow_instance_id"],
+        json!(workflow),
+        "{view}"
+    );
 }
