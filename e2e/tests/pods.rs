@@ -221,3 +221,45 @@ fn served_by(step: &serde_json::Value, name: &str) -> bool {
         .as_str()
         .is_some_and(|w| w.starts_with(&format!("{name}-perago-")))
 }
+
+/// A kubeconfig for the ServiceAccount `account` of `namespace` (made here), bound to a Role
+/// with `rules` (none: the account may do nothing in the namespace); its path.
+fn account_kubeconfig(
+    cluster: &Cluster,
+    namespace: &str,
+    account: &str,
+    rules: &serde_json::Value,
+    dir: &std::path::Path,
+) -> String {
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": account, "namespace": namespace},
+        "rules": rules,
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": account, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    });
+    let account_object = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": account, "namespace": namespace}});
+    for object in [account_object, role, binding] {
+        cluster.apply(&object.to_string()).unwrap();
+    }
+    let token = cluster
+        .kubectl(&["create", "token", account, "-n", namespace])
+        .unwrap();
+    let admin = std::fs::read_to_string(cluster.kubeconfig()).unwrap();
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
+    let cluster_name = config["clusters"][0]["name"].clone();
+    config["users"] =
+        serde_yaml::to_value(json!([{"name": account, "user": {"token": token.trim()}}])).unwrap();
+    config["contexts"] = serde_yaml::to_value(json!([{"name": account, "context": {
+        "cluster": cluster_name, "user": account, "namespace": namespace}}]))
+    .unwrap();
+    config["current-context"] = account.into();
+    let path = dir.join(format!("{account}.kubeconfig"));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path.display().to_string()
+}

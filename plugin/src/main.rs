@@ -10,6 +10,7 @@ use perago_kubectl::cluster::{self, ClusterFlags};
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
 use perago_kubectl::{Failure, explain, fence, gc, history, logs, report, status, suspend};
+use perago_lakefs::LakeFsClient;
 
 #[derive(Parser)]
 #[command(
@@ -65,31 +66,13 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Status(args) => {
             let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
-            // The task's own Conductor, unless one is given.
-            let endpoints = Endpoints {
-                task: cli
-                    .endpoints
-                    .task
-                    .clone()
-                    .or_else(|| Some(args.task.clone())),
-                ..cli.endpoints.clone()
-            };
-            // A task with no Deployment yet, or Secrets the user may not read, still has a
-            // status to show.
-            let (endpoints, unread) = match endpoints.resolved(&cli.cluster).await {
-                Ok(endpoints) => (endpoints, None),
-                Err(Failure::Error(e)) => (cli.endpoints.clone(), Some(format!("{e:#}"))),
-                Err(other) => return Err(other),
-            };
-            let conductor = endpoints.conductor()?;
-            // lakeFS only for the publications of a workspace task; its absence is said there.
-            let lakefs = endpoints.lakefs().ok();
+            let servers = task_servers(cli, &args.task).await?;
             let sources = status::Sources {
                 client,
                 namespace,
-                conductor: conductor.as_ref(),
-                conductor_unfound: unread,
-                lakefs: lakefs.as_ref(),
+                conductor: servers.conductor.as_ref(),
+                conductor_unfound: servers.unfound,
+                lakefs: servers.lakefs.as_ref(),
                 timeout,
             };
             let clear = args.watch
@@ -119,31 +102,31 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             let read = (!args.follow).then_some(timeout);
             let (client, namespace) = cluster::connect(&cli.cluster, read).await?;
             // Conductor is only asked which pod ran an attempt.
-            let (conductor, conductor_unfound) =
-                if args.workflow.is_some() || args.task_id.is_some() {
-                    task_conductor(cli, &args.task).await?
-                } else {
-                    (None, None)
-                };
+            let servers = if args.workflow.is_some() || args.task_id.is_some() {
+                task_servers(cli, &args.task).await?
+            } else {
+                TaskServers::none()
+            };
             let sources = logs::Sources {
                 client,
                 namespace,
-                conductor: conductor.as_ref(),
-                conductor_unfound,
+                conductor: servers.conductor.as_ref(),
+                conductor_unfound: servers.unfound,
             };
             logs::run(&sources, args, cli.output).await
         }
         Command::Report(args) => {
             let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
-            let (conductor, conductor_unfound) = match report::Target::of(&args.target) {
-                report::Target::Task(task) => task_conductor(cli, &task).await?,
-                report::Target::Operator => (None, None),
+            let servers = match report::Target::of(&args.target) {
+                report::Target::Task(task) => task_servers(cli, &task).await?,
+                report::Target::Operator => TaskServers::none(),
             };
             let sources = report::Sources {
                 client,
                 namespace,
-                conductor: conductor.as_ref(),
-                conductor_unfound,
+                conductor: servers.conductor.as_ref(),
+                conductor_unfound: servers.unfound,
+                lakefs: servers.lakefs.as_ref(),
                 timeout,
                 context: cli.cluster.context.clone(),
             };
@@ -181,20 +164,42 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
 
 /// The task's own Conductor (found as `--task` finds it), unless flags or variables give one;
 /// when it cannot be found, why.
-async fn task_conductor(
-    cli: &Cli,
-    task: &str,
-) -> Result<(Option<ConductorClient>, Option<String>), Failure> {
+/// The servers of PeragoTask `task`: the ones flags or variables name, else those its pods use
+/// (found as `--task` finds them); why they could not be found, when they could not.
+async fn task_servers(cli: &Cli, task: &str) -> Result<TaskServers, Failure> {
     let endpoints = Endpoints {
         task: cli.endpoints.task.clone().or_else(|| Some(task.to_owned())),
         ..cli.endpoints.clone()
     };
-    let (endpoints, unread) = match endpoints.resolved(&cli.cluster).await {
+    // A task with no Deployment yet, or Secrets the user may not read, still has a status to
+    // show: what could not be found is said in the view.
+    let (endpoints, unfound) = match endpoints.resolved(&cli.cluster).await {
         Ok(endpoints) => (endpoints, None),
         Err(Failure::Error(e)) => (cli.endpoints.clone(), Some(format!("{e:#}"))),
         Err(other) => return Err(other),
     };
-    Ok((endpoints.conductor()?, unread))
+    Ok(TaskServers {
+        conductor: endpoints.conductor()?,
+        // lakeFS only adds the publications' metadata; its absence is said there.
+        lakefs: endpoints.lakefs().ok(),
+        unfound,
+    })
+}
+
+struct TaskServers {
+    conductor: Option<ConductorClient>,
+    lakefs: Option<LakeFsClient>,
+    unfound: Option<String>,
+}
+
+impl TaskServers {
+    fn none() -> Self {
+        Self {
+            conductor: None,
+            lakefs: None,
+            unfound: None,
+        }
+    }
 }
 
 /// The commands that work on lakeFS branches and workflows.

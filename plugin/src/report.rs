@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use perago_api::PeragoTask;
 use perago_api::pod::TASK_LABEL;
 use perago_conductor::ConductorClient;
+use perago_lakefs::LakeFsClient;
 
 use crate::Failure;
 use crate::cluster::explained;
@@ -235,6 +236,7 @@ pub struct Sources<'a> {
     pub namespace: String,
     pub conductor: Option<&'a ConductorClient>,
     pub conductor_unfound: Option<String>,
+    pub lakefs: Option<&'a LakeFsClient>,
     pub timeout: Duration,
     /// The kubeconfig context used, for the README.
     pub context: Option<String>,
@@ -449,7 +451,7 @@ async fn task(
         namespace: ns.to_owned(),
         conductor: sources.conductor,
         conductor_unfound: sources.conductor_unfound.clone(),
-        lakefs: None,
+        lakefs: sources.lakefs,
         timeout: sources.timeout,
     };
     let status_args = crate::status::StatusArgs {

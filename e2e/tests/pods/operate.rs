@@ -282,6 +282,20 @@ async fn status_says_what_it_could_not_read() {
         .unwrap();
     assert!(listed.contains(name), "{hint}: {listed}");
 
+    // An account RBAC lets do nothing here: the message names the permission to ask for.
+    let dir = tempfile::tempdir().unwrap();
+    let nobody = account_kubeconfig(cluster, namespace, "nobody", &json!([]), dir.path());
+    let out = plugin(
+        cluster,
+        &["status", name, "-n", namespace, "--kubeconfig", &nobody],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("forbidden") && stderr.contains("RBAC: ask for `get` on `peragotasks`"),
+        "{stderr}"
+    );
+
     let out = plugin(
         cluster,
         &[

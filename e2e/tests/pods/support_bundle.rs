@@ -595,41 +595,12 @@ async fn report_writes_a_task_and_the_operator_without_their_secrets() {
 /// A kubeconfig for the ServiceAccount `account` of `namespace`, bound to a Role that may read
 /// everything a task's bundle holds but Secrets.
 fn secretless_kubeconfig(cluster: &Cluster, namespace: &str, account: &str, dir: &Path) -> String {
-    let role = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": account, "namespace": namespace},
-        "rules": [
-            {"apiGroups": ["perago.io"], "resources": ["peragotasks"], "verbs": ["get", "list"]},
-            {"apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get", "list"]},
-            {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/proxy", "events"], "verbs": ["get", "list"]},
-        ],
-    });
-    let binding = json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": account, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
-        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-    });
-    let account_object = json!({"apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": {"name": account, "namespace": namespace}});
-    for object in [account_object, role, binding] {
-        cluster.apply(&object.to_string()).unwrap();
-    }
-    let token = cluster
-        .kubectl(&["create", "token", account, "-n", namespace])
-        .unwrap();
-    let admin = std::fs::read_to_string(cluster.kubeconfig()).unwrap();
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
-    let cluster_name = config["clusters"][0]["name"].clone();
-    config["users"] =
-        serde_yaml::to_value(json!([{"name": account, "user": {"token": token.trim()}}])).unwrap();
-    config["contexts"] = serde_yaml::to_value(json!([{"name": account, "context": {
-        "cluster": cluster_name, "user": account, "namespace": namespace}}]))
-    .unwrap();
-    config["current-context"] = account.into();
-    let path = dir.join(format!("{account}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    path.display().to_string()
+    let rules = json!([
+        {"apiGroups": ["perago.io"], "resources": ["peragotasks"], "verbs": ["get", "list"]},
+        {"apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/proxy", "events"], "verbs": ["get", "list"]},
+    ]);
+    account_kubeconfig(cluster, namespace, account, &rules, dir)
 }
 
 /// Bad input says what is wrong in one line: a task that does not exist (exit 1), a zip
