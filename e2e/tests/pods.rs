@@ -263,3 +263,22 @@ fn account_kubeconfig(
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
     path.display().to_string()
 }
+
+/// `kubectl perago ARGS` (the release binary) with the cluster's kubeconfig, and none of the
+/// server variables of the environment: what it finds, it finds from the cluster.
+fn plugin(cluster: &Cluster, args: &[&str]) -> std::process::Output {
+    let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
+        .unwrap()
+        .join("kubectl-perago");
+    let mut command = std::process::Command::new(plugin);
+    command.args(args).env("KUBECONFIG", cluster.kubeconfig());
+    for var in [
+        "CONDUCTOR_SERVER_URL",
+        "LAKECTL_SERVER_ENDPOINT_URL",
+        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
+        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
+    ] {
+        command.env_remove(var);
+    }
+    command.output().unwrap()
+}

@@ -47,17 +47,6 @@ pub fn show(d: Duration) -> String {
     }
 }
 
-/// An age as `kubectl get` prints one: `45s`, `12m`, `5h`, `3d`.
-pub fn age(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..120 => format!("{s}s"),
-        120..7200 => format!("{}m", s / 60),
-        7200..172_800 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,9 +72,5 @@ mod tests {
         for text in ["0s", "90s", "30m", "12h", "7d"] {
             assert_eq!(show(parse(text).unwrap()), text);
         }
-        assert_eq!(age(Duration::from_secs(119)), "119s");
-        assert_eq!(age(Duration::from_secs(3599)), "59m");
-        assert_eq!(age(Duration::from_secs(86_400)), "24h");
-        assert_eq!(age(Duration::from_secs(3 * 86_400)), "3d");
     }
 }

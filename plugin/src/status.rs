@@ -20,8 +20,8 @@ use perago_conductor::{ConductorClient, queue_name};
 use perago_lakefs::LakeFsClient;
 use perago_workspace::publication::Key;
 
-use crate::duration::age;
 use crate::output::{Table, cell, columns};
+use perago_workspace::janitor::human as age;
 
 /// The sidecar's port for `/metrics` and `/slots`.
 const SIDECAR_PORT: u16 = 9464;

@@ -20,23 +20,6 @@ printf '{"files": 0}' > "$PERAGO_RESULT"
 echo "body: done"
 "#;
 
-fn plugin(cluster: &Cluster, args: &[&str]) -> Output {
-    let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
-        .unwrap()
-        .join("kubectl-perago");
-    let mut command = std::process::Command::new(plugin);
-    command.args(args).env("KUBECONFIG", cluster.kubeconfig());
-    for var in [
-        "CONDUCTOR_SERVER_URL",
-        "LAKECTL_SERVER_ENDPOINT_URL",
-        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-    ] {
-        command.env_remove(var);
-    }
-    command.output().unwrap()
-}
-
 fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(

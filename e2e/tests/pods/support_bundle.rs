@@ -5,7 +5,7 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use perago_e2e::cluster::LAKEFS_SECRET;
@@ -46,23 +46,6 @@ fn talking_task(cluster: &Cluster, namespace: &str, name: &str) {
         .apply(&workspace_task_with(namespace, name, TALKING_BODY, &spec))
         .unwrap();
     cluster.wait_ready(namespace, name).unwrap();
-}
-
-fn plugin(cluster: &Cluster, args: &[&str]) -> Output {
-    let plugin = perago_e2e::process::release_binaries(&["kubectl-perago"], "the plugin's test")
-        .unwrap()
-        .join("kubectl-perago");
-    let mut command = Command::new(plugin);
-    command.args(args).env("KUBECONFIG", cluster.kubeconfig());
-    for var in [
-        "CONDUCTOR_SERVER_URL",
-        "LAKECTL_SERVER_ENDPOINT_URL",
-        "LAKECTL_CREDENTIALS_ACCESS_KEY_ID",
-        "LAKECTL_CREDENTIALS_SECRET_ACCESS_KEY",
-    ] {
-        command.env_remove(var);
-    }
-    command.output().unwrap()
 }
 
 fn text(out: &Output) -> (String, String) {
