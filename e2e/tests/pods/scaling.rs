@@ -192,11 +192,14 @@ async fn scale_ins_remove_idle_pods_and_keep_the_busy_ones() {
         .unwrap_or(5);
     let (namespace, name) = ("pods-idle-first", "mixed");
     cluster.task_namespace(namespace).unwrap();
-    // No hard cap: the long attempts run until the task is deleted.
+    // No hard cap: the long attempts run until the task is deleted. No pod at first: the
+    // scale-in of a first idle pod could meet the first long attempt, taken after the queue
+    // read it is decided on, which only the pod's shutdown grace period would let finish
+    // (ADR 0033).
     let spec = json!({
         "workspace": {"readOnly": true},
         "controls": {"timeout": {"policy": "RETRY", "seconds": 0, "responseSeconds": 30}},
-        "executor": {"autoscaling": {
+        "executor": {"replicas": 0, "autoscaling": {
             "minReplicas": 0, "maxReplicas": 4, "targetQueueDepth": 1,
             "scaleDownStabilizationSeconds": 0,
         }},
