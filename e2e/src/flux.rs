@@ -137,9 +137,13 @@ async fn controller(
 pub struct GitServer {
     /// `http://127.0.0.1:<port>`; a repository `NAME` is `<url>/NAME.git`.
     pub url: String,
+    port: u16,
+    binary: PathBuf,
+    log: PathBuf,
     root: PathBuf,
     work: PathBuf,
-    _process: ServerProcess,
+    /// `None` while [`Self::stop`]ped.
+    process: std::sync::Mutex<Option<ServerProcess>>,
 }
 
 impl GitServer {
@@ -149,26 +153,56 @@ impl GitServer {
         std::fs::create_dir_all(&root)?;
         std::fs::create_dir_all(&work)?;
         let port = free_port()?;
-        let mut cmd = Command::new(binary);
-        cmd.arg(format!("--listen=127.0.0.1:{port}"))
-            .arg(format!("--root={}", root.display()));
-        let mut process = ServerProcess::spawn("gitserver", &mut cmd, dir.join("gitserver.log"))?;
-        let url = format!("http://127.0.0.1:{port}");
+        let server = Self {
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            binary: binary.to_owned(),
+            log: dir.join("gitserver.log"),
+            root,
+            work,
+            process: std::sync::Mutex::new(None),
+        };
+        server.resume().await?;
+        Ok(server)
+    }
+
+    /// Stop serving, as a Git server that goes away: clones fail with the connection refused.
+    pub fn stop(&self) {
+        let process = self
+            .process
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(process) = process {
+            process.kill();
+        }
+    }
+
+    /// Serve again on the same address, the repositories as they were; ready once it answers.
+    pub async fn resume(&self) -> Result<()> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg(format!("--listen=127.0.0.1:{}", self.port))
+            .arg(format!("--root={}", self.root.display()));
+        // A restart logs beside the first run, which keeps its log.
+        let mut log = self.log.clone();
+        for restart in 1.. {
+            if !log.exists() {
+                break;
+            }
+            log = self.log.with_extension(format!("{restart}.log"));
+        }
+        let mut process = ServerProcess::spawn("gitserver", &mut cmd, log)?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?;
         wait_ready(&mut process, Duration::from_secs(30), || {
             // Any answer (404 for the root) means it serves.
-            let probe = http.get(&url).send();
+            let probe = http.get(&self.url).send();
             async move { probe.await.is_ok() }
         })
         .await?;
-        Ok(Self {
-            url,
-            root,
-            work,
-            _process: process,
-        })
+        *self.process.lock().unwrap_or_else(|e| e.into_inner()) = Some(process);
+        Ok(())
     }
 
     /// A new repository `name` with one branch, `main`: a bare repository the server serves and

@@ -51,6 +51,17 @@ impl ConductorApi {
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     }
 
+    /// The HTTP status of `GET path`: whether Conductor holds what it names.
+    pub async fn status_of(&self, path: &str) -> u16 {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        resp.status().as_u16()
+    }
+
     /// Terminate a workflow a test is done with; one that already finished is fine (409).
     pub async fn terminate(&self, id: &str) {
         let resp = self

@@ -4,8 +4,12 @@
 //! the operator, installed from the chart, reconciles them.
 //!
 //! - The Kustomization, with the health checks of `deploy/flux/peragotasks-kustomization.yaml`,
-//!   turns Ready only once every PeragoTask it applied is Ready, and a task removed from Git is
-//!   pruned.
+//!   turns Ready only once every PeragoTask it applied is Ready; a task removed from Git is
+//!   pruned, its pods drained and its TaskDef deleted or kept as its `deletionPolicy` says.
+//! - Bad commits on top of a running task fail the Kustomization in Flux's words, naming the
+//!   task, and leave the running task's pods alone: an image that cannot be pulled (the health
+//!   check times out), a sibling whose TaskDef conflicts (Stalled, so Failed at once), a task
+//!   the webhook refuses. With the Git server gone the task runs on.
 //! - The race: with the operator scaled to zero, a task applied through a new commit has no
 //!   status. Flux's default (kstatus) health check takes it for Current and reports the
 //!   Kustomization Ready at once; with the shipped expressions Flux waits until the operator is
@@ -26,6 +30,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
 use perago_e2e::flux::{self, Flux, Repository};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
+use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
@@ -378,11 +383,18 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
         ("read-only-task.yaml", "features-validate"),
         ("workspace-free-task.yaml", "notify-owner"),
     ];
+    // The task removed later deletes its TaskDef; the others keep theirs (the default).
+    let (removed_file, removed) = examples[1];
     for (file, task) in examples {
+        let mut manifest: Value =
+            serde_yaml::from_str(&example_task(file, namespace, task)).unwrap();
+        if task == removed {
+            manifest["spec"]["deletionPolicy"] = json!("Delete");
+        }
         repository
             .write(
                 &format!("tasks/{file}"),
-                &example_task(file, namespace, task),
+                &serde_yaml::to_string(&manifest).unwrap(),
             )
             .unwrap();
     }
@@ -452,10 +464,20 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
         seen.after(last_task).unwrap_or(f64::NAN),
     );
 
-    // The read-only task removed from Git: pruned, and the others kept.
-    let (removed_file, removed) = examples[1];
+    // The read-only task (deletionPolicy Delete) and the suspended one (Retain) removed from
+    // Git: pruned, their pods drained and their TaskDefs deleted or kept as their policies
+    // say; the others kept.
+    let conductor = ConductorApi::new(&shared(Selection::ALL).await.conductor().api_url);
+    let taskdef = |task: &str| format!("/metadata/taskdefs/{namespace}.{task}");
+    assert!(
+        !pods_of(setup, namespace, removed).trim().is_empty(),
+        "{removed} has no pods"
+    );
     repository.remove(&format!("tasks/{removed_file}")).unwrap();
-    let commit = repository.commit("Remove the read-only task").unwrap();
+    repository.remove("tasks/suspended-task.yaml").unwrap();
+    let commit = repository
+        .commit("Remove the read-only and the suspended task")
+        .unwrap();
     let started = Instant::now();
     request_reconcile(setup.cluster, name);
     let kept: Vec<&str> = names.iter().copied().filter(|n| *n != removed).collect();
@@ -476,20 +498,31 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
     );
     let tasks = tasks(&setup.client, namespace);
     loop {
-        if tasks.get_opt(removed).await.unwrap().is_none() {
+        let gone = tasks.get_opt(removed).await.unwrap().is_none()
+            && tasks.get_opt(suspended).await.unwrap().is_none();
+        if gone && pods_of(setup, namespace, removed).trim().is_empty() {
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "{removed} was not pruned 60 s after its removal from Git\n{}",
+            "{removed} and {suspended} were not pruned and drained 60 s after their removal \
+             from Git\n{}",
             describe(setup, name, namespace)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
-        "prune: {removed} gone {:.1?} after the commit that removed it",
+        "prune: {removed} and {suspended} gone, pods drained, {:.1?} after the commit that \
+         removed them",
         started.elapsed()
     );
+    let deleted = conductor.status_of(&taskdef(removed)).await;
+    assert_eq!(
+        deleted, 404,
+        "{removed} (deletionPolicy Delete): its TaskDef is still there"
+    );
+    let retained = conductor.status_of(&taskdef(suspended)).await;
+    assert_eq!(retained, 200, "{suspended} (Retain): its TaskDef is gone");
     for task in kept {
         let task = tasks.get(task).await.unwrap();
         assert!(
@@ -679,4 +712,308 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
         flux_ready.duration_since(third_ready).as_secs_f64(),
         hold.as_secs_f64(),
     );
+}
+
+/// The reason and message of the Kustomization `name`'s Ready condition once it is False for
+/// its current spec with `commit` attempted.
+async fn failed(
+    setup: &Scenario,
+    name: &str,
+    namespace: &str,
+    commit: &str,
+    limit: Duration,
+) -> (String, String) {
+    let kustomizations = kustomizations(&setup.client);
+    let started = Instant::now();
+    loop {
+        let ks = kustomizations.get(name).await.unwrap();
+        let attempted = ks.data["status"]["lastAttemptedRevision"]
+            .as_str()
+            .is_some_and(|r| r.ends_with(commit));
+        if let Some(ready) = condition(&ks, "Ready").filter(|c| c["status"] == "False")
+            && attempted
+        {
+            let text = |key: &str| ready[key].as_str().unwrap_or_default().to_owned();
+            return (text("reason"), text("message"));
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the Kustomization did not fail on {commit} within {limit:?}\n{}",
+            describe(setup, name, namespace)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The running task's pods as `name uid restarts`, to show a failed commit left them alone.
+fn pods_of(setup: &Scenario, namespace: &str, task: &str) -> String {
+    setup
+        .cluster
+        .kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            namespace,
+            "-l",
+            &format!("perago.io/task={task}"),
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.status.containerStatuses[*].restartCount}{\"\\n\"}{end}",
+        ])
+        .unwrap()
+}
+
+/// Run one step of the workspace-free task `task` to completion.
+async fn notify_once(task: &str, case: &str) {
+    let services = shared(Selection::ALL).await;
+    let conductor = ConductorApi::new(&services.conductor().api_url);
+    let id = conductor
+        .start(
+            task,
+            case,
+            json!({"params": {"owner": "data-platform", "message": "published"}}),
+        )
+        .await;
+    let done = conductor.finished(&id).await;
+    assert_eq!(done["status"], "COMPLETED", "{task} {case}: {done}");
+    assert_eq!(
+        done["tasks"][0]["outputData"]["result"]["delivered"], true,
+        "{task} {case}: {done}"
+    );
+}
+
+/// Bad commits on top of a running task, each reported by Flux in its own words and none
+/// touching the running task: an image that cannot be pulled (the health check times out
+/// naming the task), a sibling whose TaskDef conflicts (Failed at once, naming it), a task the
+/// webhook refuses (the apply fails with the webhook's message); then the Git server goes away
+/// and the task runs on.
+#[tokio::test]
+async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
+    let Some(scenario) =
+        setup("bad_commits_and_a_lost_git_server_leave_the_running_task_alone").await
+    else {
+        return;
+    };
+    let setup = &scenario;
+    let (name, namespace) = ("failures", "gitops-failures");
+    setup.cluster.task_namespace(namespace).unwrap();
+    let repository = setup.flux.git.repository(name).unwrap();
+    let running = "notify-owner";
+    let step = format!("{namespace}.{running}");
+    let mut notify: Value = serde_yaml::from_str(&example_task(
+        "workspace-free-task.yaml",
+        namespace,
+        running,
+    ))
+    .unwrap();
+    notify["spec"]["executor"]["body"]["command"] = json!([
+        "sh",
+        "-c",
+        r#"printf '{"delivered": true}' > "$PERAGO_RESULT""#
+    ]);
+    repository
+        .write(
+            "tasks/notify.yaml",
+            &serde_yaml::to_string(&notify).unwrap(),
+        )
+        .unwrap();
+    let commit = repository.commit("A task that runs").unwrap();
+    let checks = shipped_health_checks();
+    setup
+        .cluster
+        .apply(&flux_objects(name, &repository, namespace, Some(&checks)))
+        .unwrap();
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &[running],
+        Duration::from_secs(180),
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    assert!(
+        seen.flux_ready.is_some() && seen.not_ready_at_flux_ready.is_empty(),
+        "the Kustomization was not Ready with the running task\n{}",
+        describe(setup, name, namespace)
+    );
+    notify_once(&step, "first").await;
+    let pods = pods_of(setup, namespace, running);
+    assert!(!pods.trim().is_empty(), "{running} has no pods");
+    // Health checks time out within seconds from here, so that a commit that cannot become
+    // healthy fails fast enough to test.
+    let timeout = Duration::from_secs(20);
+    setup
+        .cluster
+        .kubectl(&[
+            "patch",
+            "-n",
+            flux::NAMESPACE,
+            &format!("kustomization/{name}"),
+            "--type=merge",
+            "-p",
+            &json!({"spec": {"timeout": format!("{}s", timeout.as_secs())}}).to_string(),
+        ])
+        .unwrap();
+    let untouched = |after: &str| {
+        assert_eq!(
+            pods_of(setup, namespace, running),
+            pods,
+            "{after}: the running task's pods changed\n{}",
+            describe(setup, name, namespace)
+        );
+    };
+
+    // An image that cannot be pulled: the operator says so (Reconciling), Flux times out.
+    let mut unpullable: Value = serde_yaml::from_str(&example_task(
+        "workspace-free-task.yaml",
+        namespace,
+        "unpullable",
+    ))
+    .unwrap();
+    unpullable["spec"]["executor"]["body"]["image"] = json!("localhost/perago/absent:e2e");
+    repository
+        .write(
+            "tasks/unpullable.yaml",
+            &serde_yaml::to_string(&unpullable).unwrap(),
+        )
+        .unwrap();
+    let commit = repository.commit("A task whose image is absent").unwrap();
+    let started = Instant::now();
+    request_reconcile(setup.cluster, name);
+    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
+    eprintln!(
+        "an absent image: the Kustomization {reason} {:.1?} after the commit: {message}",
+        started.elapsed()
+    );
+    assert!(
+        reason == "HealthCheckFailed"
+            && message.contains("PeragoTask/")
+            && message.contains("unpullable"),
+        "{reason}: {message}"
+    );
+    untouched("an absent image");
+
+    // A sibling of the running task's task type whose TaskDef differs: Stalled, so Failed.
+    repository.remove("tasks/unpullable.yaml").unwrap();
+    let mut twin = notify.clone();
+    twin["metadata"]["name"] = json!("notify-twin");
+    twin["spec"]["controls"] = json!({"retry": {"count": 7}});
+    repository
+        .write("tasks/twin.yaml", &serde_yaml::to_string(&twin).unwrap())
+        .unwrap();
+    let commit = repository
+        .commit("A sibling whose TaskDef conflicts")
+        .unwrap();
+    let started = Instant::now();
+    request_reconcile(setup.cluster, name);
+    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
+    let took = started.elapsed();
+    eprintln!(
+        "a conflicting sibling: the Kustomization {reason} {took:.1?} after the commit: {message}"
+    );
+    assert!(
+        reason == "HealthCheckFailed"
+            && message.contains("notify-twin")
+            && message.contains("Failed"),
+        "{reason}: {message}"
+    );
+    assert!(
+        took < timeout,
+        "Flux waited out its {timeout:?} timeout for a Stalled task ({took:?}): {message}"
+    );
+    let unpullable_gone = tasks(&setup.client, namespace)
+        .get_opt("unpullable")
+        .await
+        .unwrap()
+        .is_none();
+    assert!(unpullable_gone, "the task removed from Git was not pruned");
+    untouched("a conflicting sibling");
+
+    // A task the webhook refuses: the apply fails, with the webhook's message.
+    repository.remove("tasks/twin.yaml").unwrap();
+    let mut refused = notify.clone();
+    refused["metadata"]["name"] = json!("refused");
+    refused["spec"]["taskName"] = json!(format!("{namespace}.refused"));
+    refused["spec"]["controls"] = json!({"timeout": {"seconds": 300}});
+    repository
+        .write(
+            "tasks/refused.yaml",
+            &serde_yaml::to_string(&refused).unwrap(),
+        )
+        .unwrap();
+    let commit = repository.commit("A task the webhook refuses").unwrap();
+    let started = Instant::now();
+    request_reconcile(setup.cluster, name);
+    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
+    eprintln!(
+        "a refused task: the Kustomization {reason} {:.1?} after the commit: {message}",
+        started.elapsed()
+    );
+    assert!(
+        message.contains("denied the request") && message.contains("responseTimeoutSeconds"),
+        "{reason}: {message}"
+    );
+    untouched("a refused task");
+
+    // Back to the running task alone, then the Git server goes away.
+    repository.remove("tasks/refused.yaml").unwrap();
+    let commit = repository.commit("The running task alone").unwrap();
+    request_reconcile(setup.cluster, name);
+    let seen = watch(
+        setup,
+        name,
+        &commit,
+        namespace,
+        &[running],
+        Duration::from_secs(120),
+        |seen| seen.flux_ready.is_some(),
+    )
+    .await;
+    assert!(
+        seen.flux_ready.is_some(),
+        "the Kustomization did not recover\n{}",
+        describe(setup, name, namespace)
+    );
+    for sibling in ["notify-twin", "refused"] {
+        let gone = tasks(&setup.client, namespace)
+            .get_opt(sibling)
+            .await
+            .unwrap()
+            .is_none();
+        assert!(gone, "{sibling} is still there");
+    }
+    setup.flux.git.stop();
+    let sources = Api::<DynamicObject>::namespaced_with(
+        setup.client.clone(),
+        flux::NAMESPACE,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "source.toolkit.fluxcd.io",
+            "v1",
+            "GitRepository",
+        )),
+    );
+    request_reconcile(setup.cluster, name);
+    let started = Instant::now();
+    let message = loop {
+        let source = sources.get(name).await.unwrap();
+        if let Some(ready) = condition(&source, "Ready").filter(|c| c["status"] == "False") {
+            break ready["message"].as_str().unwrap_or_default().to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "source-controller did not notice the Git server gone\n{}",
+            describe(setup, name, namespace)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "the Git server gone: the GitRepository not Ready {:.1?} after a reconcile request: {message}",
+        started.elapsed()
+    );
+    notify_once(&step, "without-git").await;
+    let task = tasks(&setup.client, namespace).get(running).await.unwrap();
+    assert!(is_ready(&task), "{}", conditions(Some(&task)));
+    untouched("the Git server gone");
+    setup.flux.git.resume().await.unwrap();
 }
