@@ -714,34 +714,64 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
     );
 }
 
-/// The reason and message of the Kustomization `name`'s Ready condition once it is False for
-/// its current spec with `commit` attempted.
-async fn failed(
-    setup: &Scenario,
-    name: &str,
-    namespace: &str,
-    commit: &str,
-    limit: Duration,
-) -> (String, String) {
-    let kustomizations = kustomizations(&setup.client);
-    let started = Instant::now();
-    loop {
-        let ks = kustomizations.get(name).await.unwrap();
-        let attempted = ks.data["status"]["lastAttemptedRevision"]
-            .as_str()
-            .is_some_and(|r| r.ends_with(commit));
-        if let Some(ready) = condition(&ks, "Ready").filter(|c| c["status"] == "False")
-            && attempted
-        {
-            let text = |key: &str| ready[key].as_str().unwrap_or_default().to_owned();
-            return (text("reason"), text("message"));
+/// Commits of one bad task at a time to a Kustomization's repository.
+struct BadCommits<'a> {
+    setup: &'a Scenario,
+    repository: &'a Repository,
+    /// The GitRepository's and the Kustomization's.
+    name: &'a str,
+    namespace: &'a str,
+}
+
+impl BadCommits<'_> {
+    /// Commit `task` as `tasks/<file>.yaml` (in place of the bad task `previous`, if any) with
+    /// `message`, and wait for the Kustomization to fail on that commit: the reason and message
+    /// of its `Ready=False`, and how long after the reconcile request.
+    async fn commit(
+        &self,
+        previous: Option<&str>,
+        file: &str,
+        task: &Value,
+        message: &str,
+    ) -> (String, String, Duration) {
+        if let Some(previous) = previous {
+            self.repository
+                .remove(&format!("tasks/{previous}.yaml"))
+                .unwrap();
         }
-        assert!(
-            started.elapsed() < limit,
-            "the Kustomization did not fail on {commit} within {limit:?}\n{}",
-            describe(setup, name, namespace)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        self.repository
+            .write(
+                &format!("tasks/{file}.yaml"),
+                &serde_yaml::to_string(task).unwrap(),
+            )
+            .unwrap();
+        let commit = self.repository.commit(message).unwrap();
+        let started = Instant::now();
+        request_reconcile(self.setup.cluster, self.name);
+        let kustomizations = kustomizations(&self.setup.client);
+        loop {
+            let ks = kustomizations.get(self.name).await.unwrap();
+            let attempted = ks.data["status"]["lastAttemptedRevision"]
+                .as_str()
+                .is_some_and(|r| r.ends_with(&commit));
+            if let Some(ready) = condition(&ks, "Ready").filter(|c| c["status"] == "False")
+                && attempted
+            {
+                let text = |key: &str| ready[key].as_str().unwrap_or_default().to_owned();
+                let (reason, said) = (text("reason"), text("message"));
+                let took = started.elapsed();
+                eprintln!(
+                    "{message}: the Kustomization {reason} {took:.1?} after the commit: {said}"
+                );
+                return (reason, said, took);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "the Kustomization did not fail on {commit} ({message}) within 120 s\n{}",
+                describe(self.setup, self.name, self.namespace)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
@@ -872,20 +902,20 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
     ))
     .unwrap();
     unpullable["spec"]["executor"]["body"]["image"] = json!("localhost/perago/absent:e2e");
-    repository
-        .write(
-            "tasks/unpullable.yaml",
-            &serde_yaml::to_string(&unpullable).unwrap(),
+    let bad = BadCommits {
+        setup,
+        repository: &repository,
+        name,
+        namespace,
+    };
+    let (reason, message, _) = bad
+        .commit(
+            None,
+            "unpullable",
+            &unpullable,
+            "A task whose image is absent",
         )
-        .unwrap();
-    let commit = repository.commit("A task whose image is absent").unwrap();
-    let started = Instant::now();
-    request_reconcile(setup.cluster, name);
-    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
-    eprintln!(
-        "an absent image: the Kustomization {reason} {:.1?} after the commit: {message}",
-        started.elapsed()
-    );
+        .await;
     assert!(
         reason == "HealthCheckFailed"
             && message.contains("PeragoTask/")
@@ -895,23 +925,17 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
     untouched("an absent image");
 
     // A sibling of the running task's task type whose TaskDef differs: Stalled, so Failed.
-    repository.remove("tasks/unpullable.yaml").unwrap();
     let mut twin = notify.clone();
     twin["metadata"]["name"] = json!("notify-twin");
     twin["spec"]["controls"] = json!({"retry": {"count": 7}});
-    repository
-        .write("tasks/twin.yaml", &serde_yaml::to_string(&twin).unwrap())
-        .unwrap();
-    let commit = repository
-        .commit("A sibling whose TaskDef conflicts")
-        .unwrap();
-    let started = Instant::now();
-    request_reconcile(setup.cluster, name);
-    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
-    let took = started.elapsed();
-    eprintln!(
-        "a conflicting sibling: the Kustomization {reason} {took:.1?} after the commit: {message}"
-    );
+    let (reason, message, took) = bad
+        .commit(
+            Some("unpullable"),
+            "twin",
+            &twin,
+            "A sibling whose TaskDef conflicts",
+        )
+        .await;
     assert!(
         reason == "HealthCheckFailed"
             && message.contains("notify-twin")
@@ -931,25 +955,18 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
     untouched("a conflicting sibling");
 
     // A task the webhook refuses: the apply fails, with the webhook's message.
-    repository.remove("tasks/twin.yaml").unwrap();
     let mut refused = notify.clone();
     refused["metadata"]["name"] = json!("refused");
     refused["spec"]["taskName"] = json!(format!("{namespace}.refused"));
     refused["spec"]["controls"] = json!({"timeout": {"seconds": 300}});
-    repository
-        .write(
-            "tasks/refused.yaml",
-            &serde_yaml::to_string(&refused).unwrap(),
+    let (reason, message, _) = bad
+        .commit(
+            Some("twin"),
+            "refused",
+            &refused,
+            "A task the webhook refuses",
         )
-        .unwrap();
-    let commit = repository.commit("A task the webhook refuses").unwrap();
-    let started = Instant::now();
-    request_reconcile(setup.cluster, name);
-    let (reason, message) = failed(setup, name, namespace, &commit, Duration::from_secs(120)).await;
-    eprintln!(
-        "a refused task: the Kustomization {reason} {:.1?} after the commit: {message}",
-        started.elapsed()
-    );
+        .await;
     assert!(
         message.contains("denied the request") && message.contains("responseTimeoutSeconds"),
         "{reason}: {message}"
