@@ -45,7 +45,7 @@ pub struct ConductorAuthFlags {
 impl ConductorFlags {
     /// The URL, when given.
     pub fn url(&self) -> Result<Option<String>, String> {
-        given("CONDUCTOR_SERVER_URL", self.conductor_url.as_deref())
+        given("CONDUCTOR_SERVER_URL", self.conductor_url.as_deref()).map_err(String::from)
     }
 
     /// The certificates of the CA bundle, when one is given.

@@ -8,6 +8,7 @@
 //! ([`ObjectStoreHosts`]): a lakeFS that presigns for another host would otherwise send the
 //! workspace's bytes, or take them from, wherever it says.
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use md5::Digest;
@@ -52,8 +53,46 @@ pub struct StorageConfig {
 pub enum Chosen {
     Presigned,
     /// Through lakeFS, and why when presigning was possible in principle.
-    Proxied(Option<String>),
+    Proxied(Option<NoPresigning>),
 }
+
+/// Why object bytes cannot travel on presigned URLs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoPresigning {
+    /// lakeFS does not presign for its blockstore (`local`, for one).
+    Unsupported { blockstore: String },
+    /// No object store host is allowed, so no presigned URL could be followed.
+    NoHosts,
+}
+
+impl fmt::Display for NoPresigning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unsupported { blockstore } => {
+                write!(
+                    f,
+                    "lakeFS cannot presign URLs for its '{blockstore}' blockstore"
+                )
+            }
+            Self::NoHosts => f.write_str(
+                "no object store hosts are allowed (PERAGO_LAKEFS_OBJECT_STORE_HOSTS, \
+                 spec.lakefs.objectStoreHosts)",
+            ),
+        }
+    }
+}
+
+/// `dataPath: presigned` where presigning is impossible: a configuration error found at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PresignedImpossible(pub NoPresigning);
+
+impl fmt::Display for PresignedImpossible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dataPath is presigned, but {}", self.0)
+    }
+}
+
+impl std::error::Error for PresignedImpossible {}
 
 impl DataPath {
     /// The path a process takes with this setting, the allowed hosts and what lakeFS offers;
@@ -62,25 +101,20 @@ impl DataPath {
         self,
         hosts: &ObjectStoreHosts,
         storage: &StorageConfig,
-    ) -> Result<Chosen, String> {
+    ) -> Result<Chosen, PresignedImpossible> {
         let cannot = if !storage.pre_sign_support {
-            Some(format!(
-                "lakeFS cannot presign URLs for its '{}' blockstore",
-                storage.blockstore_type
-            ))
+            Some(NoPresigning::Unsupported {
+                blockstore: storage.blockstore_type.clone(),
+            })
         } else if hosts.is_empty() {
-            Some(
-                "no object store hosts are allowed (PERAGO_LAKEFS_OBJECT_STORE_HOSTS, \
-                 spec.lakefs.objectStoreHosts)"
-                    .to_owned(),
-            )
+            Some(NoPresigning::NoHosts)
         } else {
             None
         };
         match (self, cannot) {
             (Self::Proxied, _) => Ok(Chosen::Proxied(None)),
             (_, None) => Ok(Chosen::Presigned),
-            (Self::Presigned, Some(why)) => Err(format!("dataPath is presigned, but {why}")),
+            (Self::Presigned, Some(why)) => Err(PresignedImpossible(why)),
             (Self::Auto, Some(why)) => Ok(Chosen::Proxied(Some(why))),
         }
     }
@@ -98,9 +132,44 @@ struct HostPattern {
     port: Option<u16>,
 }
 
+/// A host pattern [`ObjectStoreHosts::parse`] refuses: the pattern as given (shortened to
+/// [`QUOTED_MAX`]) and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPatternError {
+    pub pattern: String,
+    pub problem: HostProblem,
+}
+
+/// What is wrong with a host pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostProblem {
+    /// A URL or a path, where a host is wanted.
+    NotAHost,
+    /// An IPv6 address opened with `[` and never closed.
+    UnclosedBracket,
+    /// The port is not a number from 1 to 65535.
+    BadPort,
+    /// No host name, or a `*` elsewhere than as a leading `*.`.
+    NoHostName,
+}
+
+impl fmt::Display for HostPatternError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.problem {
+            HostProblem::NotAHost => "must be host or host:port, without a scheme or a path",
+            HostProblem::UnclosedBracket => "has an unclosed '['",
+            HostProblem::BadPort => "has a port that is not a number from 1 to 65535",
+            HostProblem::NoHostName => "needs a host name; a '*' may only stand first, as '*.'",
+        };
+        write!(f, "object store host '{}' {why}", self.pattern)
+    }
+}
+
+impl std::error::Error for HostPatternError {}
+
 impl ObjectStoreHosts {
     /// Comma- or space-separated patterns.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, HostPatternError> {
         text.split([',', ' ', '\n'])
             .map(str::trim)
             .filter(|p| !p.is_empty())
@@ -133,22 +202,22 @@ impl ObjectStoreHosts {
 }
 
 impl HostPattern {
-    fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: &str| {
-            Err(format!(
-                "object store host '{}' {why}",
-                clip(text, QUOTED_MAX)
-            ))
+    fn parse(text: &str) -> Result<Self, HostPatternError> {
+        let bad = |problem| {
+            Err(HostPatternError {
+                pattern: clip(text, QUOTED_MAX).into_owned(),
+                problem,
+            })
         };
         if text.contains("://") || text.contains('/') {
-            return bad("must be host or host:port, without a scheme or a path");
+            return bad(HostProblem::NotAHost);
         }
         let (host, port) = match text.strip_prefix('[') {
             // [v6]:port or [v6]
             Some(rest) => match rest.split_once(']') {
                 Some((host, "")) => (host, None),
                 Some((host, port)) => (host, Some(port.strip_prefix(':').unwrap_or(port))),
-                None => return bad("has an unclosed '['"),
+                None => return bad(HostProblem::UnclosedBracket),
             },
             None => match text.rsplit_once(':') {
                 Some((host, port)) => (host, Some(port)),
@@ -158,13 +227,13 @@ impl HostPattern {
         let port = match port {
             Some(p) => match p.parse::<u16>() {
                 Ok(p) if p > 0 => Some(p),
-                _ => return bad("has a port that is not a number from 1 to 65535"),
+                _ => return bad(HostProblem::BadPort),
             },
             None => None,
         };
         let name = host.strip_prefix("*.").unwrap_or(host);
         if name.is_empty() || name.contains('*') {
-            return bad("needs a host name; a '*' may only stand first, as '*.'");
+            return bad(HostProblem::NoHostName);
         }
         Ok(Self {
             host: host.to_ascii_lowercase(),
@@ -325,19 +394,40 @@ mod tests {
 
     #[test]
     fn bad_host_patterns_are_named() {
-        for (text, why) in [
-            ("http://minio:9000", "without a scheme"),
-            ("minio:9000/bucket", "without a scheme or a path"),
-            ("minio:http", "port that is not a number"),
-            ("minio:0", "port that is not a number"),
-            ("*", "needs a host name"),
-            ("a.*.com", "may only stand first"),
-            ("[::1", "unclosed"),
+        for (text, problem, why) in [
+            (
+                "http://minio:9000",
+                HostProblem::NotAHost,
+                "without a scheme",
+            ),
+            (
+                "minio:9000/bucket",
+                HostProblem::NotAHost,
+                "without a scheme or a path",
+            ),
+            (
+                "minio:http",
+                HostProblem::BadPort,
+                "port that is not a number",
+            ),
+            ("minio:0", HostProblem::BadPort, "port that is not a number"),
+            ("*", HostProblem::NoHostName, "needs a host name"),
+            ("a.*.com", HostProblem::NoHostName, "may only stand first"),
+            ("[::1", HostProblem::UnclosedBracket, "unclosed"),
         ] {
             let e = ObjectStoreHosts::parse(text).unwrap_err();
-            assert!(e.contains(why), "{text}: {e}");
+            assert_eq!(e.problem, problem, "{text}");
+            let words = e.to_string();
+            assert!(words.contains(why), "{text}: {words}");
+            assert!(
+                words.starts_with(&format!("object store host '{text}' ")),
+                "{words}"
+            );
         }
         assert!(ObjectStoreHosts::parse(" , ").unwrap().is_empty());
+        let long = format!("{}:x", "h".repeat(500));
+        let clipped = ObjectStoreHosts::parse(&long).unwrap_err();
+        assert!(clipped.pattern.chars().count() <= QUOTED_MAX, "{clipped}");
     }
 
     #[test]
@@ -361,15 +451,25 @@ mod tests {
             DataPath::Proxied.choose(&some, &s3),
             Ok(Chosen::Proxied(None))
         );
-        assert!(matches!(
-            DataPath::Auto.choose(&none, &s3),
-            Ok(Chosen::Proxied(Some(why))) if why.contains("no object store hosts")
-        ));
         assert_eq!(
-            DataPath::Presigned.choose(&some, &local).unwrap_err(),
+            DataPath::Auto.choose(&none, &s3),
+            Ok(Chosen::Proxied(Some(NoPresigning::NoHosts)))
+        );
+        assert_eq!(
+            DataPath::Presigned
+                .choose(&some, &local)
+                .unwrap_err()
+                .to_string(),
             "dataPath is presigned, but lakeFS cannot presign URLs for its 'local' blockstore"
         );
-        assert!(DataPath::Presigned.choose(&none, &s3).is_err());
+        assert_eq!(
+            DataPath::Presigned
+                .choose(&none, &s3)
+                .unwrap_err()
+                .to_string(),
+            "dataPath is presigned, but no object store hosts are allowed \
+             (PERAGO_LAKEFS_OBJECT_STORE_HOSTS, spec.lakefs.objectStoreHosts)"
+        );
     }
 
     #[test]

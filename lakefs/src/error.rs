@@ -250,4 +250,39 @@ mod tests {
         );
         assert!(!host.transient());
     }
+
+    /// The text carries the cause's whole chain (reqwest's, serde's) and `source()` names
+    /// none, so a chain printer (`error_chain`, anyhow's `{:#}`) prints each cause once.
+    #[tokio::test]
+    async fn the_cause_chain_is_in_the_text_once() {
+        // A loopback port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let refused = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .expect_err("nothing listens");
+        let mut innermost: &dyn std::error::Error = &refused;
+        while let Some(cause) = innermost.source() {
+            innermost = cause;
+        }
+        let innermost = innermost.to_string();
+        let sent = Call::new("get commit", "lake", "main").transport(refused);
+        let text = sent.to_string();
+        assert!(text.ends_with(&innermost), "{text}");
+        assert!(std::error::Error::source(&sent).is_none(), "{text}");
+        assert_eq!(perago_contract::error_chain(&sent), text);
+
+        let call = Call::new("get commit", "lake", "main");
+        let unreadable = crate::decode::<crate::Commit>(call, b"{").expect_err("not JSON");
+        let cause = serde_json::from_slice::<crate::Commit>(b"{")
+            .expect_err("not JSON")
+            .to_string();
+        let text = unreadable.to_string();
+        assert!(text.ends_with(&cause), "{text}");
+        assert_eq!(perago_contract::error_chain(&unreadable), text);
+    }
 }

@@ -21,7 +21,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use perago_api::task::DeletionPolicy;
-use perago_api::{PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
+use perago_api::{FieldError, PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
 use crate::conductor::{ConductorError, holds};
 use crate::context::{Context, Error, conductor_url};
@@ -239,13 +239,13 @@ async fn stall(
 
 /// Everything checked before acting on a spec, by the reconciler and the admission webhook
 /// alike: the rules (`perago-operator check`'s messages), then rendering the sidecar's contract
-/// and the TaskDef. Ok holds both and the warnings.
+/// and the TaskDef. Ok holds both and the warnings; Err names the field that is wrong.
 pub fn checked(
     spec: &perago_api::PeragoTaskSpec,
-) -> Result<(contract::TaskContract, serde_json::Value, Vec<String>), String> {
-    let warnings = validate(spec).map_err(|e| e.to_string())?;
-    let contract = contract::render(spec).map_err(|e| e.to_string())?;
-    let doc = taskdef::render(spec).map_err(|e| e.to_string())?;
+) -> Result<(contract::TaskContract, serde_json::Value, Vec<String>), FieldError> {
+    let warnings = validate(spec)?;
+    let contract = contract::render(spec)?;
+    let doc = taskdef::render(spec)?;
     Ok((contract, doc, warnings))
 }
 
@@ -283,8 +283,8 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
 
     let (contract, doc) = match checked(&task.spec) {
         Ok((contract, doc, _)) => (contract, doc),
-        Err(message) => {
-            stall(ctx, &api, &task, status::INVALID_SPEC, message).await?;
+        Err(invalid) => {
+            stall(ctx, &api, &task, status::INVALID_SPEC, invalid.to_string()).await?;
             return Ok(Action::await_change());
         }
     };

@@ -287,6 +287,7 @@ fn serve(args: &Args, stream: UnixStream, terminating: &AtomicBool) -> std::io::
                             running.insert(execution_id, pid);
                         }
                         Err(error) => {
+                            let error = error.to_string();
                             let _ = send(&writer, &not_started(execution_id, error));
                         }
                     }

@@ -7,6 +7,7 @@
 //! (a leak is cut off between attempts, not in the middle of one).
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::OwnedFd;
@@ -33,6 +34,41 @@ pub struct Limits {
     pub max_attempts: Option<u32>,
     pub max_memory: Option<u64>,
 }
+
+/// Why an attempt could not be handed to a persistent body: the text becomes the attempt's
+/// `exited` error, which the sidecar reports as the body not starting.
+#[derive(Debug)]
+pub enum AssignError {
+    /// The attempt could not be written as a line of the protocol.
+    Encode(serde_json::Error),
+    /// The socket pair between the runner and a new body could not be made.
+    SocketPair(std::io::Error),
+    /// The body's command could not be started.
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    /// The runner's end of a new body's socket could not be shared with its reader.
+    Reader(std::io::Error),
+    /// Neither the slot's body nor its one replacement took the attempt.
+    NotTaken,
+}
+
+// The text holds each cause (an I/O or encoding error) in full, as the attempt's error
+// always did, so the error names no separate source.
+impl fmt::Display for AssignError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Encode(e) => write!(f, "{e}"),
+            Self::SocketPair(e) => write!(f, "socketpair: {e}"),
+            Self::Spawn { command, source } => write!(f, "{command}: {source}"),
+            Self::Reader(e) => write!(f, "{e}"),
+            Self::NotTaken => f.write_str("the persistent body could not be given the attempt"),
+        }
+    }
+}
+
+impl std::error::Error for AssignError {}
 
 /// How long a body told to stop (its socket closed) has before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -112,12 +148,12 @@ impl Bodies {
         execution_id: &str,
         env: BTreeMap<String, String>,
         events: &Sender<Event>,
-    ) -> Result<i32, String> {
+    ) -> Result<i32, AssignError> {
         let message = ToBody::Attempt {
             execution_id: execution_id.to_owned(),
             env,
         };
-        let mut line = serde_json::to_vec(&message).map_err(|e| e.to_string())?;
+        let mut line = serde_json::to_vec(&message).map_err(AssignError::Encode)?;
         line.push(b'\n');
         // A body that died since its last attempt (its exit event not read yet) gets one
         // replacement before the attempt fails.
@@ -145,23 +181,26 @@ impl Bodies {
                 }
             }
         }
-        Err("the persistent body could not be given the attempt".into())
+        Err(AssignError::NotTaken)
     }
 
-    fn start(&self, slot: u32, events: &Sender<Event>) -> Result<Body, String> {
-        let (ours, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    fn start(&self, slot: u32, events: &Sender<Event>) -> Result<Body, AssignError> {
+        let (ours, theirs) = UnixStream::pair().map_err(AssignError::SocketPair)?;
         let mut child = Command::new(&self.command[0])
             .args(&self.command[1..])
             .env(PROTOCOL_ENV, PROTOCOL.to_string())
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .process_group(0)
             .spawn()
-            .map_err(|e| format!("{}: {e}", self.command[0]))?;
+            .map_err(|source| AssignError::Spawn {
+                command: self.command[0].clone(),
+                source,
+            })?;
         let pid = i32::try_from(child.id()).unwrap_or(0);
         log(&format!(
             "slot {slot}: started a persistent body (pid {pid})"
         ));
-        let reader = ours.try_clone().map_err(|e| e.to_string())?;
+        let reader = ours.try_clone().map_err(AssignError::Reader)?;
         let alive = Arc::new(AtomicBool::new(true));
         let (events, reaped) = (events.clone(), Arc::clone(&alive));
         thread::spawn(move || {
@@ -320,4 +359,26 @@ fn resident_bytes(pid: i32) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_that_cannot_start_names_its_command() {
+        let bodies = Bodies::new(vec!["/nonexistent/perago-body".into()], Limits::default());
+        let (events, _) = std::sync::mpsc::channel();
+        let Err(e) = bodies.start(1, &events) else {
+            panic!("a command that does not exist started");
+        };
+        assert!(
+            matches!(&e, AssignError::Spawn { command, .. } if command == "/nonexistent/perago-body"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with("/nonexistent/perago-body: "),
+            "{e}"
+        );
+    }
 }

@@ -273,7 +273,7 @@ impl WorkspaceParts {
                 let chosen = l
                     .data_path
                     .choose(&l.object_store_hosts, &storage)
-                    .map_err(StartError)?;
+                    .map_err(|e| StartError(e.to_string()))?;
                 take_data_path(&self.lakefs, chosen, &storage, &l.object_store_hosts);
             }
             Err(e) if l.data_path == DataPath::Presigned => {
@@ -347,9 +347,10 @@ fn take_data_path(
             lakefs.go_direct(hosts.clone());
         }
         Chosen::Proxied(why) => {
+            let reason = why.map(|w| w.to_string()).unwrap_or_default();
             info!(
                 data_path = "proxied",
-                reason = why.as_deref().unwrap_or(""),
+                reason = reason.as_str(),
                 "object bytes go through lakeFS"
             );
         }

@@ -17,7 +17,7 @@ use prometheus::proto::{MetricFamily, MetricType};
 use prost::Message;
 use tracing::{debug, warn};
 
-use perago_contract::setting::given;
+use perago_contract::setting::{NotReplaced, given};
 
 /// The export settings (the 0.6.1 variables and defaults).
 #[derive(Clone, Debug, PartialEq)]
@@ -36,32 +36,64 @@ const FORBIDDEN: [&str; 4] = [
     "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
-fn millis(name: &str, value: Option<&str>) -> Result<Option<Duration>, String> {
+/// An OpenTelemetry export variable (metrics or traces) the sidecar refuses, naming it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExportSettingError {
+    #[error(transparent)]
+    NotReplaced(#[from] NotReplaced),
+    /// Set, though Perago metrics v1 leaves it to the exporter ([`FORBIDDEN`]).
+    #[error("{0} is not supported by Perago metrics v1")]
+    Unsupported(&'static str),
+    /// A compression other than those `allowed` (in words).
+    #[error("{name} must be {allowed}")]
+    Compression {
+        name: &'static str,
+        allowed: &'static str,
+    },
+    #[error("{0} must be a positive integer number of milliseconds")]
+    NotMilliseconds(&'static str),
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    #[error("{0} must be a positive integer")]
+    NotPositive(&'static str),
+    /// The traces endpoint, which is not an OTLP/HTTP URL.
+    #[error(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be an http:// or https:// URL (OTLP/HTTP), not {0:?}"
+    )]
+    NotHttp(String),
+}
+
+/// For start-up code that reports its settings' errors as one line of text.
+impl From<ExportSettingError> for String {
+    fn from(e: ExportSettingError) -> Self {
+        e.to_string()
+    }
+}
+
+fn millis(name: &'static str, value: Option<&str>) -> Result<Option<Duration>, ExportSettingError> {
     let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
         return Ok(None);
     };
     if !v.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!(
-            "{name} must be a positive integer number of milliseconds"
-        ));
+        return Err(ExportSettingError::NotMilliseconds(name));
     }
     match v.parse::<u64>() {
-        Ok(0) => Err(format!("{name} must be greater than zero")),
+        Ok(0) => Err(ExportSettingError::Zero(name)),
         Ok(ms) => Ok(Some(Duration::from_millis(ms))),
-        Err(_) => Err(format!(
-            "{name} must be a positive integer number of milliseconds"
-        )),
+        Err(_) => Err(ExportSettingError::NotMilliseconds(name)),
     }
 }
 
 impl OtlpConfig {
     /// Parse in 0.6.1's order; `lookup` reads a variable. `None` when no endpoint is set (the
     /// other settings are then ignored, as in 0.6.1).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, ExportSettingError> {
         let given = |name: &str| given(name, lookup(name).as_deref());
         for name in FORBIDDEN {
             if given(name)?.is_some() {
-                return Err(format!("{name} is not supported by Perago metrics v1"));
+                return Err(ExportSettingError::Unsupported(name));
             }
         }
         let Some(endpoint) = given("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")? else {
@@ -73,7 +105,12 @@ impl OtlpConfig {
             None => false,
             Some(v) if v.is_empty() => false,
             Some(v) if v == "gzip" => true,
-            Some(_) => return Err("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION must be 'gzip'".into()),
+            Some(_) => {
+                return Err(ExportSettingError::Compression {
+                    name: "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
+                    allowed: "'gzip'",
+                });
+            }
         };
         let timeout = millis(
             "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
@@ -237,6 +274,18 @@ impl Exporter {
     }
 }
 
+/// An OTLP export that was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExportError {
+    /// The endpoint answered with a failure status.
+    #[error("the endpoint answered {0}")]
+    Refused(reqwest::StatusCode),
+    /// The endpoint could not be reached, or its answer did not come; the text holds the
+    /// request error's whole chain, so the error has no separate source.
+    #[error("{}", perago_contract::error_chain(.0))]
+    Unreachable(reqwest::Error),
+}
+
 /// POST one OTLP/HTTP protobuf request, gzip-compressed when asked. The error says whether
 /// the endpoint answered (and with what) or could not be reached.
 pub(crate) async fn post(
@@ -244,7 +293,7 @@ pub(crate) async fn post(
     endpoint: &str,
     gzip: bool,
     mut body: Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), ExportError> {
     let mut builder = http
         .post(endpoint)
         .header("Content-Type", "application/x-protobuf");
@@ -263,8 +312,8 @@ pub(crate) async fn post(
     }
     match builder.body(body).send().await {
         Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(format!("the endpoint answered {}", r.status())),
-        Err(e) => Err(perago_contract::error_chain(&e)),
+        Ok(r) => Err(ExportError::Refused(r.status())),
+        Err(e) => Err(ExportError::Unreachable(e)),
     }
 }
 
@@ -329,7 +378,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                OtlpConfig::from_lookup(lookup(&vars)),
+                OtlpConfig::from_lookup(lookup(&vars)).map_err(String::from),
                 Err(message.to_owned())
             );
         }

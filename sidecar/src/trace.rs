@@ -27,7 +27,7 @@ use prost::Message;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
-use crate::otlp::{nanos, post, string_attribute};
+use crate::otlp::{ExportSettingError, nanos, post, string_attribute};
 use perago_contract::setting::given;
 
 /// The export settings: the OpenTelemetry variables for traces and the batch span processor.
@@ -46,12 +46,16 @@ pub struct TraceConfig {
 /// Spans per export request.
 const BATCH: usize = 512;
 
-fn positive(name: &str, value: Option<String>, default: u64) -> Result<u64, String> {
+fn positive(
+    name: &'static str,
+    value: Option<String>,
+    default: u64,
+) -> Result<u64, ExportSettingError> {
     match given(name, value.as_deref())? {
         None => Ok(default),
         Some(v) => match v.parse::<u64>() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{name} must be a positive integer")),
+            _ => Err(ExportSettingError::NotPositive(name)),
         },
     }
 }
@@ -59,7 +63,9 @@ fn positive(name: &str, value: Option<String>, default: u64) -> Result<u64, Stri
 impl TraceConfig {
     /// `None` when no traces endpoint is set (the other settings are then ignored).
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is the full URL, used as given (`…/v1/traces`).
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, ExportSettingError> {
         let Some(endpoint) = given(
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             lookup("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").as_deref(),
@@ -68,9 +74,7 @@ impl TraceConfig {
             return Ok(None);
         };
         if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(format!(
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT must be an http:// or https:// URL (OTLP/HTTP), not {endpoint:?}"
-            ));
+            return Err(ExportSettingError::NotHttp(endpoint));
         }
         let gzip = match given(
             "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
@@ -82,13 +86,15 @@ impl TraceConfig {
             None | Some("none") => false,
             Some("gzip") => true,
             Some(_) => {
-                return Err(
-                    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION must be 'gzip' or 'none'".into(),
-                );
+                return Err(ExportSettingError::Compression {
+                    name: "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                    allowed: "'gzip' or 'none'",
+                });
             }
         };
-        let ms =
-            |name: &str, default| positive(name, lookup(name), default).map(Duration::from_millis);
+        let ms = |name: &'static str, default| {
+            positive(name, lookup(name), default).map(Duration::from_millis)
+        };
         let queue = positive(
             "OTEL_BSP_MAX_QUEUE_SIZE",
             lookup("OTEL_BSP_MAX_QUEUE_SIZE"),
@@ -546,7 +552,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                TraceConfig::from_lookup(lookup(&vars)),
+                TraceConfig::from_lookup(lookup(&vars)).map_err(String::from),
                 Err(message.to_owned())
             );
         }

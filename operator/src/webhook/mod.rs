@@ -49,7 +49,8 @@ pub fn review(review: AdmissionReview<PeragoTask>) -> AdmissionReview<DynamicObj
             }
             response.into_review()
         }
-        Err(message) => {
+        Err(invalid) => {
+            let message = invalid.to_string();
             let mut response = response.deny(&message);
             // 422, as the apiserver answers its own validation errors.
             response.result = Status::failure(&message, "Invalid").with_code(422);
