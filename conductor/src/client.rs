@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use perago_contract::ConductorCredentials as Credentials;
+use perago_contract::trust::{Tls, TlsClient};
 use perago_contract::url::path_segment;
 use reqwest::StatusCode;
 use serde::Deserialize;
@@ -41,7 +42,7 @@ impl CallOutcome {
 pub type CallObserver = Arc<dyn Fn(&'static str, CallOutcome) + Send + Sync>;
 
 pub struct ConductorClient {
-    http: reqwest::Client,
+    http: TlsClient,
     /// Ends in `/api`, no trailing slash.
     base: String,
     request_timeout: Duration,
@@ -77,18 +78,25 @@ impl ConductorClient {
         request_timeout: Duration,
         credentials: Option<Credentials>,
     ) -> Result<Self, reqwest::Error> {
-        Self::trusting(base_url, request_timeout, credentials, &[])
+        Ok(Self::with_http(
+            TlsClient::fixed(builder(request_timeout).build()?),
+            base_url,
+            request_timeout,
+            credentials,
+        ))
     }
 
-    /// [`Self::new`], also trusting the certificate authorities `roots` (a private CA).
-    pub fn trusting(
+    /// [`Self::new`], also trusting the certificate authorities of `tls` (a private CA) and
+    /// presenting its client certificate, read again when its files change. The certificate
+    /// is read and checked here.
+    pub fn with_tls(
         base_url: &str,
         request_timeout: Duration,
         credentials: Option<Credentials>,
-        roots: &[reqwest::Certificate],
-    ) -> Result<Self, reqwest::Error> {
+        tls: Tls,
+    ) -> Result<Self, String> {
         Ok(Self::with_http(
-            http_client(request_timeout, roots)?,
+            http_client(request_timeout, tls)?,
             base_url,
             request_timeout,
             credentials,
@@ -98,7 +106,7 @@ impl ConductorClient {
     /// A client sharing `http`'s connection pool (see [`http_client`]), for a process that
     /// talks to several Conductors.
     pub fn with_http(
-        http: reqwest::Client,
+        http: TlsClient,
         base_url: &str,
         request_timeout: Duration,
         credentials: Option<Credentials>,
@@ -123,6 +131,11 @@ impl ConductorClient {
         &self.base
     }
 
+    /// The client certificate presented now, when there is one.
+    pub fn client_certificate(&self) -> Option<perago_contract::trust::ClientCertificate> {
+        self.http.certificate()
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -138,12 +151,12 @@ impl ConductorClient {
                 .header("Accept", "*/*")
                 .send()
                 .await
-                .map_err(|e| call.error(ErrorKind::Transport(request_error(e))))?;
+                .map_err(|e| call.error(transport(e)))?;
             let status = response.status();
             let text = response
                 .text()
                 .await
-                .map_err(|e| call.error(ErrorKind::Transport(request_error(e))))?;
+                .map_err(|e| call.error(transport(e)))?;
             Ok((status, text))
         }
         .await;
@@ -167,6 +180,7 @@ impl ConductorClient {
             let call = call("token");
             let request = self
                 .http
+                .client()
                 .post(self.url("/token"))
                 .timeout(self.request_timeout)
                 .json(&json!({"keyId": creds.key, "keySecret": creds.secret}));
@@ -191,7 +205,7 @@ impl ConductorClient {
     ) -> Result<(StatusCode, String), ConductorError> {
         let mut refreshed = false;
         loop {
-            let mut request = build(&self.http).timeout(timeout);
+            let mut request = build(&self.http.client()).timeout(timeout);
             if let Some(token) = self.token(refreshed).await? {
                 request = request.header("X-Authorization", token);
             }
@@ -498,21 +512,26 @@ pub fn queue_name(task_type: &str, domain: Option<&str>) -> String {
     }
 }
 
-/// The HTTP client [`ConductorClient::trusting`] makes: the connect timeout is the request
+/// The HTTP client [`ConductorClient::with_tls`] makes: the connect timeout is the request
 /// timeout's, at most 5 s; idle connections are kept a minute. It trusts the built-in web
-/// roots, the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS store) and `roots`.
-pub fn http_client(
-    request_timeout: Duration,
-    roots: &[reqwest::Certificate],
-) -> Result<reqwest::Client, reqwest::Error> {
-    roots
-        .iter()
-        .fold(reqwest::Client::builder(), |b, root| {
-            b.add_root_certificate(root.clone())
-        })
+/// roots, the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS store) and `tls.roots`, and
+/// presents `tls.identity`'s certificate as its files hold it.
+pub fn http_client(request_timeout: Duration, tls: Tls) -> Result<TlsClient, String> {
+    TlsClient::build(tls, move || builder(request_timeout))
+}
+
+fn builder(request_timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
         .connect_timeout(request_timeout.min(Duration::from_secs(5)))
         .pool_idle_timeout(Duration::from_secs(60))
-        .build()
+}
+
+/// A request that got no answer: a refused client certificate, or a transport failure.
+fn transport(e: reqwest::Error) -> ErrorKind {
+    match perago_contract::trust::refused_handshake(&e) {
+        Some(refused) => ErrorKind::CertificateRefused(refused),
+        None => ErrorKind::Transport(request_error(e)),
+    }
 }
 
 fn clip(text: &str, max: usize) -> String {
@@ -548,6 +567,13 @@ pub fn answer(
     text: String,
 ) -> Result<Option<Value>, ConductorError> {
     if !status.is_success() {
+        if let Some(refused) = perago_contract::trust::refused_by_gateway(status.as_u16(), &text) {
+            return Err(ConductorError::new(
+                call,
+                None,
+                ErrorKind::CertificateRefused(refused),
+            ));
+        }
         return Err(ConductorError::new(call, None, failure(status, &text)));
     }
     if status == StatusCode::NO_CONTENT || text.is_empty() {
@@ -574,6 +600,21 @@ fn kind(v: &Value) -> &'static str {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_gateways_refusal_of_the_certificate_is_its_own_kind() {
+        let page = "<html>\r\n<head><title>400 No required SSL certificate was sent</title>";
+        let refused = answer("batch poll", StatusCode::BAD_REQUEST, page.into()).unwrap_err();
+        assert!(refused.is_certificate_refused() && refused.is_auth());
+        assert!(refused.is_transient(), "never reached Conductor: safe to try again");
+        assert_eq!(
+            refused.to_string(),
+            "Conductor batch poll was refused: the gateway requires a client certificate and \
+             none was sent (HTTP 400: No required SSL certificate was sent)"
+        );
+        let other = answer("batch poll", StatusCode::BAD_REQUEST, "bad".into()).unwrap_err();
+        assert!(!other.is_certificate_refused() && !other.is_transient());
+    }
 
     #[tokio::test]
     async fn transport_errors_name_the_call_and_the_cause_not_the_url() {

@@ -24,6 +24,11 @@ pub enum ErrorKind {
     Transport(String),
     #[error("returned an unreadable answer: {0}")]
     Decode(String),
+    /// A TLS gateway in front of Conductor refused this client's certificate (none was sent,
+    /// or one it does not accept), in the handshake or with a page of its own: the request
+    /// never reached Conductor.
+    #[error("was refused: {0}")]
+    CertificateRefused(String),
 }
 
 fn of_task_def(task_def: Option<&str>) -> String {
@@ -54,10 +59,12 @@ impl ConductorError {
         self.status() == Some(StatusCode::NOT_FOUND)
     }
 
-    /// Worth retrying: transport errors, timeouts, 429 and 5xx.
+    /// Worth retrying: transport errors, timeouts, 429 and 5xx, and a refused client
+    /// certificate (the request never reached Conductor, and a renewed certificate may be
+    /// read before the next try).
     pub fn is_transient(&self) -> bool {
         match &self.kind {
-            ErrorKind::Transport(_) => true,
+            ErrorKind::Transport(_) | ErrorKind::CertificateRefused(_) => true,
             ErrorKind::Status { status, .. } => {
                 *status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
             }
@@ -65,11 +72,19 @@ impl ConductorError {
         }
     }
 
+    /// Who the client is was refused: HTTP 401 or 403 from Conductor, or a refused client
+    /// certificate.
     pub fn is_auth(&self) -> bool {
-        matches!(
-            self.status(),
-            Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
-        )
+        self.is_certificate_refused()
+            || matches!(
+                self.status(),
+                Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+            )
+    }
+
+    /// A TLS gateway refused the client certificate.
+    pub fn is_certificate_refused(&self) -> bool {
+        matches!(self.kind, ErrorKind::CertificateRefused(_))
     }
 }
 

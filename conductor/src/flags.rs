@@ -5,6 +5,7 @@
 use clap::Args;
 
 use perago_contract::setting::given;
+use perago_contract::trust::{IdentityFiles, Tls, identity_files};
 
 use crate::Credentials;
 
@@ -18,6 +19,13 @@ pub struct ConductorFlags {
     /// beside the built-in and the platform's roots (a private CA).
     #[arg(long, env = "PERAGO_CONDUCTOR_CA_FILE", global = true)]
     pub conductor_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to Conductor (to a gateway in front of it that asks
+    /// for one), e.g. a `kubernetes.io/tls` Secret's `tls.crt`; read again when it changes.
+    #[arg(long, env = "PERAGO_CONDUCTOR_CLIENT_CERT_FILE", global = true)]
+    pub conductor_client_cert_file: Option<std::path::PathBuf>,
+    /// The PEM key of `--conductor-client-cert-file` (`tls.key`).
+    #[arg(long, env = "PERAGO_CONDUCTOR_CLIENT_KEY_FILE", global = true)]
+    pub conductor_client_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub auth: ConductorAuthFlags,
 }
@@ -54,6 +62,28 @@ impl ConductorFlags {
             "PERAGO_CONDUCTOR_CA_FILE",
             self.conductor_ca_file.as_deref(),
         )
+    }
+
+    /// The client certificate's files, when they are given (both or neither).
+    pub fn identity(&self) -> Result<Option<IdentityFiles>, String> {
+        identity_files(
+            (
+                "PERAGO_CONDUCTOR_CLIENT_CERT_FILE",
+                self.conductor_client_cert_file.as_deref(),
+            ),
+            (
+                "PERAGO_CONDUCTOR_CLIENT_KEY_FILE",
+                self.conductor_client_key_file.as_deref(),
+            ),
+        )
+    }
+
+    /// The CA bundle and the client certificate's files.
+    pub fn tls(&self) -> Result<Tls, String> {
+        Ok(Tls {
+            roots: self.roots()?,
+            identity: self.identity()?,
+        })
     }
 }
 

@@ -7,6 +7,8 @@ pub mod contract;
 pub mod credentials;
 pub mod domain;
 pub mod errors;
+#[cfg(feature = "tls")]
+pub mod identity;
 pub mod paths;
 pub mod protocol;
 pub mod setting;

@@ -12,6 +12,7 @@ use reqwest::{Method, StatusCode};
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::json;
 
+use perago_contract::trust::{Tls, TlsClient};
 use perago_contract::url::path_segment as segment;
 
 use crate::answer::{Commit, MergeResult, ObjectEntry, ObjectErrorList, Page, Ref};
@@ -19,7 +20,7 @@ use crate::{Call, LakeFsError, decode, direct, error_message, retries};
 
 #[derive(Clone)]
 pub struct LakeFsClient {
-    pub(crate) http: reqwest::Client,
+    pub(crate) http: TlsClient,
     /// Ends in `/api/v1`.
     base: String,
     access_key_id: String,
@@ -40,6 +41,11 @@ impl std::fmt::Debug for LakeFsClient {
     }
 }
 
+/// Every client's HTTP settings: the connect timeout is the call timeout's, at most 5 s.
+fn builder(timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder().connect_timeout(timeout.min(Duration::from_secs(5)))
+}
+
 /// Largest page lakeFS serves.
 const PAGE: u32 = 1000;
 
@@ -50,39 +56,63 @@ impl LakeFsClient {
         secret_access_key: &str,
         timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
-        Self::trusting(endpoint, access_key_id, secret_access_key, timeout, &[])
+        let http = TlsClient::fixed(builder(timeout).build()?);
+        Ok(Self::with_http(
+            http,
+            endpoint,
+            access_key_id,
+            secret_access_key,
+            timeout,
+        ))
     }
 
-    /// [`Self::new`], also trusting the certificate authorities `roots` (a private CA) beside
-    /// the built-in web roots and the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the OS
-    /// store).
-    pub fn trusting(
+    /// [`Self::new`], also trusting the certificate authorities of `tls` (a private CA)
+    /// beside the built-in web roots and the platform's (`SSL_CERT_FILE`, `SSL_CERT_DIR`, the
+    /// OS store), and presenting its client certificate, read again when its files change.
+    /// The certificate is read and checked here.
+    pub fn with_tls(
         endpoint: &str,
         access_key_id: &str,
         secret_access_key: &str,
         timeout: Duration,
-        roots: &[reqwest::Certificate],
-    ) -> Result<Self, reqwest::Error> {
+        tls: Tls,
+    ) -> Result<Self, String> {
+        let http = TlsClient::build(tls, move || builder(timeout))?;
+        Ok(Self::with_http(
+            http,
+            endpoint,
+            access_key_id,
+            secret_access_key,
+            timeout,
+        ))
+    }
+
+    fn with_http(
+        http: TlsClient,
+        endpoint: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+        timeout: Duration,
+    ) -> Self {
         let endpoint = endpoint.trim_end_matches('/');
         let base = if endpoint.ends_with("/api/v1") {
             endpoint.to_owned()
         } else {
             format!("{endpoint}/api/v1")
         };
-        Ok(Self {
-            http: roots
-                .iter()
-                .fold(reqwest::Client::builder(), |b, root| {
-                    b.add_root_certificate(root.clone())
-                })
-                .connect_timeout(timeout.min(Duration::from_secs(5)))
-                .build()?,
+        Self {
+            http,
             base,
             access_key_id: access_key_id.to_owned(),
             secret_access_key: secret_access_key.to_owned(),
             timeout,
             direct: Arc::default(),
-        })
+        }
+    }
+
+    /// The client certificate presented now, when there is one.
+    pub fn client_certificate(&self) -> Option<perago_contract::trust::ClientCertificate> {
+        self.http.certificate()
     }
 
     /// From now on, this client and its clones move object bytes straight to and from the
@@ -107,6 +137,7 @@ impl LakeFsClient {
         timeout: Duration,
     ) -> reqwest::RequestBuilder {
         self.http
+            .client()
             .request(method, format!("{}{path}", self.base))
             .basic_auth(&self.access_key_id, Some(&self.secret_access_key))
             .timeout(timeout)
@@ -305,6 +336,7 @@ impl LakeFsClient {
         // Never lakeFS's credentials: the URL carries its own signature.
         let response = self
             .http
+            .client()
             .get(url.clone())
             .timeout(timeout)
             .send()

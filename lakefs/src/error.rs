@@ -53,6 +53,10 @@ pub enum ErrorKind {
     /// lakeFS presigned a URL on `host`, which the object store hosts do not allow: never
     /// followed.
     UnexpectedHost { key: String, host: String },
+    /// A TLS gateway in front of lakeFS refused this client's certificate (none was sent, or
+    /// one it does not accept), in the handshake or with a page of its own: the request never
+    /// reached lakeFS, so lakeFS cannot have acted on it.
+    CertificateRefused(String),
 }
 
 /// The words between a failed call's ref and its cause, by what came back;
@@ -76,7 +80,9 @@ impl fmt::Display for LakeFsError {
             format!(" on {repository}@{reference}")
         };
         match kind {
-            ErrorKind::NotSent(detail) => write!(f, "lakeFS {call}{on} {NOT_SENT}: {detail}"),
+            ErrorKind::NotSent(detail) | ErrorKind::CertificateRefused(detail) => {
+                write!(f, "lakeFS {call}{on} {NOT_SENT}: {detail}")
+            }
             ErrorKind::NoAnswer(detail) => write!(f, "lakeFS {call}{on} {FAILED}: {detail}"),
             ErrorKind::Status { status, message } => {
                 write!(f, "lakeFS {call}{on} {FAILED}: HTTP {status}: {message}")
@@ -107,6 +113,11 @@ impl LakeFsError {
         }
     }
 
+    /// A TLS gateway refused the client certificate.
+    pub fn is_certificate_refused(&self) -> bool {
+        matches!(self.kind, ErrorKind::CertificateRefused(_))
+    }
+
     /// The object store's answer to a direct transfer.
     pub fn store_status(&self) -> Option<StatusCode> {
         match &self.kind {
@@ -115,11 +126,14 @@ impl LakeFsError {
         }
     }
 
-    /// Worth trying again, for a call that is safe to repeat.
+    /// Worth trying again, for a call that is safe to repeat. A refused client certificate
+    /// is: a renewed one may be read before the next try.
     pub(crate) fn transient(&self) -> bool {
         let busy = |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error();
         match &self.kind {
-            ErrorKind::NotSent(_) | ErrorKind::NoAnswer(_) => true,
+            ErrorKind::NotSent(_) | ErrorKind::NoAnswer(_) | ErrorKind::CertificateRefused(_) => {
+                true
+            }
             // Any 5xx, as the AWS SDKs classify them: lakeFS answers 500 when its database
             // does not (a restart, a failover), and a repeated read or upload is harmless.
             ErrorKind::Status { status, .. } => busy(*status),
@@ -157,6 +171,11 @@ impl<'a> Call<'a> {
 
     /// A request that got no answer.
     pub(crate) fn transport(self, e: reqwest::Error) -> LakeFsError {
+        // A TLS alert refusing the certificate ends the handshake before the server reads a
+        // request, even when the client, under TLS 1.3, had written one already.
+        if let Some(refused) = perago_contract::trust::refused_handshake(&e) {
+            return self.error(ErrorKind::CertificateRefused(refused));
+        }
         // No connection, so no request: lakeFS cannot have acted on it.
         let sent = !(e.is_connect() || e.is_builder());
         let detail = request_error(e);
@@ -167,8 +186,13 @@ impl<'a> Call<'a> {
         })
     }
 
+    /// lakeFS's failure status with its message, or a gateway's refusal of the client
+    /// certificate, which lakeFS never saw.
     pub(crate) fn refused(self, status: StatusCode, message: String) -> LakeFsError {
-        self.error(ErrorKind::Status { status, message })
+        match perago_contract::trust::refused_by_gateway(status.as_u16(), &message) {
+            Some(refused) => self.error(ErrorKind::CertificateRefused(refused)),
+            None => self.error(ErrorKind::Status { status, message }),
+        }
     }
 
     pub(crate) fn unreadable(self, detail: String) -> LakeFsError {

@@ -4,6 +4,7 @@
 
 use clap::Args;
 use perago_contract::setting::given;
+use perago_contract::trust::{IdentityFiles, Tls, identity_files};
 
 /// lakeFS's endpoint and the access key pair to call it with.
 #[derive(Args, Clone, Debug, Default)]
@@ -29,6 +30,13 @@ pub struct LakeFsFlags {
     /// beside the built-in and the platform's roots (a private CA).
     #[arg(long, env = "PERAGO_LAKEFS_CA_FILE", global = true)]
     pub lakefs_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to lakeFS (to a gateway in front of it that asks for
+    /// one), e.g. a `kubernetes.io/tls` Secret's `tls.crt`; read again when it changes.
+    #[arg(long, env = "PERAGO_LAKEFS_CLIENT_CERT_FILE", global = true)]
+    pub lakefs_client_cert_file: Option<std::path::PathBuf>,
+    /// The PEM key of `--lakefs-client-cert-file` (`tls.key`).
+    #[arg(long, env = "PERAGO_LAKEFS_CLIENT_KEY_FILE", global = true)]
+    pub lakefs_client_key_file: Option<std::path::PathBuf>,
 }
 
 /// Where lakeFS is and the key pair, all three given.
@@ -53,6 +61,28 @@ impl LakeFsFlags {
     /// The certificates of the CA bundle, when one is given.
     pub fn roots(&self) -> Result<Vec<reqwest::Certificate>, String> {
         perago_contract::trust::roots("PERAGO_LAKEFS_CA_FILE", self.lakefs_ca_file.as_deref())
+    }
+
+    /// The client certificate's files, when they are given (both or neither).
+    pub fn identity(&self) -> Result<Option<IdentityFiles>, String> {
+        identity_files(
+            (
+                "PERAGO_LAKEFS_CLIENT_CERT_FILE",
+                self.lakefs_client_cert_file.as_deref(),
+            ),
+            (
+                "PERAGO_LAKEFS_CLIENT_KEY_FILE",
+                self.lakefs_client_key_file.as_deref(),
+            ),
+        )
+    }
+
+    /// The CA bundle and the client certificate's files.
+    pub fn tls(&self) -> Result<Tls, String> {
+        Ok(Tls {
+            roots: self.roots()?,
+            identity: self.identity()?,
+        })
     }
 
     /// All three settings, or none (`None`); some but not all is an error naming the missing
@@ -101,7 +131,7 @@ mod tests {
             lakefs_endpoint: endpoint.map(str::to_owned),
             lakefs_access_key_id: key.map(str::to_owned),
             lakefs_secret_access_key: secret.map(str::to_owned),
-            lakefs_ca_file: None,
+            ..LakeFsFlags::default()
         }
     }
 

@@ -85,7 +85,7 @@ impl LakeFsError {
     /// retried after an answer that leaves it open).
     pub fn merge_outcome(&self) -> MergeOutcome {
         match &self.kind {
-            ErrorKind::NotSent(_) => MergeOutcome::NotApplied,
+            ErrorKind::NotSent(_) | ErrorKind::CertificateRefused(_) => MergeOutcome::NotApplied,
             ErrorKind::NoAnswer(_) => MergeOutcome::Unknown,
             ErrorKind::Status { status, message } => MergeOutcome::of_status(*status, message),
             // Only a successful answer is decoded: lakeFS merged.
@@ -129,6 +129,19 @@ mod tests {
                     "connection closed before message completed; HTTP 500 failed: x".into(),
                 )),
                 MergeOutcome::Unknown,
+            ),
+            // A gateway's refusal of the client certificate: lakeFS never saw the merge.
+            (
+                status(400, "<title>400 No required SSL certificate was sent</title>"),
+                MergeOutcome::NotApplied,
+            ),
+            (
+                merge.error(ErrorKind::CertificateRefused(
+                    "the server ended the TLS handshake: it refused the client certificate \
+                     (TLS alert BadCertificate)"
+                        .into(),
+                )),
+                MergeOutcome::NotApplied,
             ),
             (status(409, "conflict found"), MergeOutcome::NotApplied),
             (

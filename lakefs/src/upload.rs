@@ -231,6 +231,7 @@ impl LakeFsClient {
             let tally = direct::Tally::default();
             let response = self
                 .http
+                .client()
                 .put(url.clone())
                 .timeout(timeout)
                 // Object stores refuse a PUT of unknown length.

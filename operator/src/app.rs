@@ -70,6 +70,14 @@ pub enum Command {
         /// trusted beside the built-in and the platform's roots (a private CA).
         #[arg(long, env = "PERAGO_CONDUCTOR_CA_FILE")]
         conductor_ca_file: Option<std::path::PathBuf>,
+        /// PEM client certificate presented to the Conductors (to a gateway in front of them
+        /// that asks for one), e.g. a `kubernetes.io/tls` Secret's `tls.crt`; read again when
+        /// it changes.
+        #[arg(long, env = "PERAGO_CONDUCTOR_CLIENT_CERT_FILE")]
+        conductor_client_cert_file: Option<std::path::PathBuf>,
+        /// The PEM key of `--conductor-client-cert-file` (`tls.key`).
+        #[arg(long, env = "PERAGO_CONDUCTOR_CLIENT_KEY_FILE")]
+        conductor_client_key_file: Option<std::path::PathBuf>,
         #[command(flatten)]
         webhook: WebhookArgs,
     },
@@ -298,7 +306,7 @@ fn run(
     resync: u64,
     queue_poll: u64,
     process: ProcessArgs,
-    (credentials, roots): (Option<conductor::Credentials>, Vec<reqwest::Certificate>),
+    (credentials, tls): (Option<conductor::Credentials>, perago_conductor::trust::Tls),
     webhook: WebhookArgs,
 ) -> Result<(), String> {
     perago_telemetry::init_logging();
@@ -327,7 +335,7 @@ fn run(
                 std::time::Duration::from_secs(timeout.max(1)),
                 Some(metrics.conductor_calls.clone()),
                 credentials.clone(),
-                &roots,
+                tls.clone(),
             )
             .map_err(|e| format!("building the Conductor client failed: {e}"))?;
             let recorder =
@@ -436,20 +444,38 @@ pub fn execute(args: Args) -> Result<(), String> {
             process,
             auth,
             conductor_ca_file,
+            conductor_client_cert_file,
+            conductor_client_key_file,
             webhook,
         } => {
             let credentials = auth.credentials()?;
-            let roots = perago_conductor::trust::roots(
-                "PERAGO_CONDUCTOR_CA_FILE",
-                conductor_ca_file.as_deref(),
-            )?;
+            let tls = perago_conductor::trust::Tls {
+                roots: perago_conductor::trust::roots(
+                    "PERAGO_CONDUCTOR_CA_FILE",
+                    conductor_ca_file.as_deref(),
+                )?,
+                identity: perago_conductor::trust::identity_files(
+                    (
+                        "PERAGO_CONDUCTOR_CLIENT_CERT_FILE",
+                        conductor_client_cert_file.as_deref(),
+                    ),
+                    (
+                        "PERAGO_CONDUCTOR_CLIENT_KEY_FILE",
+                        conductor_client_key_file.as_deref(),
+                    ),
+                )?,
+            };
+            // A missing, mismatched or expired certificate is said before anything starts.
+            if let Some(files) = &tls.identity {
+                files.load()?;
+            }
             run(
                 defaults.defaults(),
                 conductor_timeout_seconds,
                 resync_seconds,
                 queue_poll_seconds,
                 process,
-                (credentials, roots),
+                (credentials, tls),
                 webhook,
             )
         }

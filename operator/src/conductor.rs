@@ -13,7 +13,7 @@ pub use perago_conductor::{ConductorClient, ConductorError, Credentials};
 use serde_json::Value;
 
 pub struct Conductors {
-    http: reqwest::Client,
+    http: perago_conductor::trust::TlsClient,
     timeout: Duration,
     credentials: Option<Credentials>,
     observer: Option<perago_conductor::CallObserver>,
@@ -36,15 +36,15 @@ impl Conductors {
         timeout: Duration,
         calls: Option<prometheus::IntCounterVec>,
         credentials: Option<Credentials>,
-        roots: &[reqwest::Certificate],
-    ) -> Result<Self, reqwest::Error> {
+        tls: perago_conductor::trust::Tls,
+    ) -> Result<Self, String> {
         let observer = calls.map(|calls| -> perago_conductor::CallObserver {
             Arc::new(move |call, outcome| {
                 calls.with_label_values(&[call, outcome.as_str()]).inc();
             })
         });
         Ok(Self {
-            http: perago_conductor::http_client(timeout, roots)?,
+            http: perago_conductor::http_client(timeout, tls)?,
             timeout,
             credentials,
             observer,

@@ -59,7 +59,8 @@ pub fn mocked_context_with(queue_period: Option<Duration>) -> (Arc<Context>, Api
     let context = Context {
         recorder: Recorder::new(client.clone(), reporter()),
         client,
-        conductor: Conductors::new(Duration::from_millis(200), None, None, &[]).unwrap(),
+        conductor: Conductors::new(Duration::from_millis(200), None, None, Default::default())
+            .unwrap(),
         defaults: Defaults {
             conductor_url: Some("http://127.0.0.1:9/api".into()),
             lakefs_endpoint: None,

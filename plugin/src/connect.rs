@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use perago_conductor::ConductorClient;
 use perago_conductor::flags::ConductorFlags;
+use perago_conductor::trust::Tls;
 use perago_lakefs::LakeFsClient;
 use perago_lakefs::flags::LakeFsFlags;
 
@@ -23,6 +24,14 @@ pub struct Endpoints {
     /// store) and the `--conductor-ca-file` and `--lakefs-ca-file` bundles.
     #[arg(long, env = "PERAGO_CA_FILE", global = true)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate presented to both Conductor and lakeFS (to a gateway in front
+    /// of them that asks for one), e.g. a `kubernetes.io/tls` Secret's `tls.crt`; the
+    /// `--conductor-client-cert-file` and `--lakefs-client-cert-file` pairs win for their server.
+    #[arg(long, env = "PERAGO_CLIENT_CERT_FILE", global = true)]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// The PEM key of `--client-cert` (`tls.key`).
+    #[arg(long, env = "PERAGO_CLIENT_KEY_FILE", global = true)]
+    pub client_key: Option<std::path::PathBuf>,
     /// How long any one call may take, to Kubernetes, Conductor or lakeFS: `30s`, `2m`.
     #[arg(long, default_value = "30s", value_parser = crate::duration::parse_timeout, global = true)]
     pub request_timeout: Duration,
@@ -70,17 +79,22 @@ impl Endpoints {
         self.request_timeout
     }
 
-    /// `--ca-file`'s certificates and those of one server's own bundle.
-    fn roots(
-        &self,
-        own: Result<Vec<reqwest::Certificate>, String>,
-    ) -> Result<Vec<reqwest::Certificate>, Failure> {
-        let mut roots = own.map_err(Failure::Usage)?;
-        roots.extend(
+    /// `--ca-file`'s certificates beside those of one server's own bundle, and the server's
+    /// own client certificate, else `--client-cert`'s.
+    fn tls(&self, own: Result<Tls, String>) -> Result<Tls, Failure> {
+        let mut tls = own.map_err(Failure::Usage)?;
+        tls.roots.extend(
             perago_conductor::trust::roots("--ca-file", self.ca_file.as_deref())
                 .map_err(Failure::Usage)?,
         );
-        Ok(roots)
+        if tls.identity.is_none() {
+            tls.identity = perago_conductor::trust::identity_files(
+                ("--client-cert", self.client_cert.as_deref()),
+                ("--client-key", self.client_key.as_deref()),
+            )
+            .map_err(Failure::Usage)?;
+        }
+        Ok(tls)
     }
 
     pub fn lakefs(&self) -> Result<LakeFsClient, Failure> {
@@ -97,12 +111,12 @@ impl Endpoints {
                 )
             })?;
         let endpoint = &access.endpoint;
-        LakeFsClient::trusting(
+        LakeFsClient::with_tls(
             endpoint,
             &access.access_key_id,
             &access.secret_access_key,
             self.timeout(),
-            &self.roots(self.lakefs.roots())?,
+            self.tls(self.lakefs.tls())?,
         )
         .map_err(|e| Failure::Usage(format!("lakeFS endpoint {endpoint}: {e}")))
     }
@@ -113,8 +127,8 @@ impl Endpoints {
             return Ok(None);
         };
         let credentials = self.conductor.auth.credentials().map_err(Failure::Usage)?;
-        let roots = self.roots(self.conductor.roots())?;
-        ConductorClient::trusting(&url, self.timeout(), credentials, &roots)
+        let tls = self.tls(self.conductor.tls())?;
+        ConductorClient::with_tls(&url, self.timeout(), credentials, tls)
             .map(Some)
             .map_err(|e| Failure::Usage(format!("Conductor URL {url}: {e}")))
     }
@@ -124,5 +138,46 @@ impl Endpoints {
         self.conductor()?.ok_or_else(|| {
             Failure::Usage("no Conductor: pass --conductor-url or set CONDUCTOR_SERVER_URL".into())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn endpoints() -> Endpoints {
+        Endpoints {
+            conductor: ConductorFlags::default(),
+            lakefs: LakeFsFlags::default(),
+            ca_file: None,
+            client_cert: Some(PathBuf::from("/both/tls.crt")),
+            client_key: Some(PathBuf::from("/both/tls.key")),
+            request_timeout: Duration::from_secs(30),
+            task: None,
+        }
+    }
+
+    #[test]
+    fn a_servers_own_client_certificate_wins_over_the_shared_one() {
+        let shared = endpoints();
+        let identity = shared.tls(shared.conductor.tls()).unwrap().identity;
+        let files = identity.unwrap();
+        assert_eq!(
+            files.cert.to_string(),
+            "--client-cert=/both/tls.crt",
+            "errors name the flag"
+        );
+        let mut own = endpoints();
+        own.lakefs.lakefs_client_cert_file = Some(PathBuf::from("/lake/tls.crt"));
+        own.lakefs.lakefs_client_key_file = Some(PathBuf::from("/lake/tls.key"));
+        let files = own.tls(own.lakefs.tls()).unwrap().identity.unwrap();
+        assert_eq!(files.key.path, PathBuf::from("/lake/tls.key"));
+        let mut half = endpoints();
+        half.client_key = None;
+        assert!(matches!(
+            half.tls(half.conductor.tls()),
+            Err(Failure::Usage(m)) if m.starts_with("--client-cert is set but --client-key is not")
+        ));
     }
 }

@@ -119,15 +119,21 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         .map_err(|e| StartError(format!("registering metrics failed: {e}")))?,
     );
     let conductor = Arc::new(
-        ConductorClient::trusting(
+        ConductorClient::with_tls(
             &checked.conductor_url,
             checked.request_timeout,
             checked.credentials.clone(),
-            &checked.conductor_roots,
+            checked.conductor_tls.clone(),
         )
         .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
     );
-    require_task_def(&conductor, &contract.task_name).await?;
+    let lakefs = workspace.as_ref().map(|parts| &parts.lakefs);
+    let (task_def, lakefs) = tokio::join!(
+        require_task_def(&conductor, &contract.task_name),
+        check_lakefs_certificate(lakefs),
+    );
+    task_def?;
+    lakefs?;
     let workspace = match (workspace, &checked.lakefs) {
         (Some(parts), Some(l)) => Some(parts.with_data_path(l).await?),
         (parts, _) => parts,
@@ -227,12 +233,12 @@ fn workspace_parts(
         }
         (Some(spec), Some(l)) => (spec, l),
     };
-    let lakefs = LakeFsClient::trusting(
+    let lakefs = LakeFsClient::with_tls(
         &l.endpoint,
         &l.access_key_id,
         &l.secret_access_key,
         l.timeout,
-        &l.roots,
+        l.tls.clone(),
     )
     .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
     // A publish budget bounds the merge; otherwise the sidecar's default does.
@@ -379,10 +385,49 @@ async fn require_task_def(conductor: &ConductorClient, task_name: &str) -> Resul
             "Conductor TaskDef '{task_name}' is not registered; run perago extract and register it before start"
         ))),
         // The client's errors leave the URL out; a certificate or address problem needs it.
-        Err(e) => Err(StartError(format!(
-            "failed to validate Conductor TaskDef: {e} (Conductor {})",
-            conductor.base_url()
+        Err(e) => {
+            let presented = match e.is_certificate_refused() {
+                true => presented(conductor.client_certificate(), "conductor", "CONDUCTOR"),
+                false => String::new(),
+            };
+            Err(StartError(format!(
+                "failed to validate Conductor TaskDef: {e} (Conductor {}){presented}",
+                conductor.base_url()
+            )))
+        }
+    }
+}
+
+/// A gateway in front of lakeFS that refuses this pod's client certificate, or wants one and
+/// gets none, stops the start as one in front of Conductor does. Nothing else does: a pod
+/// keeps working through a lakeFS outage at its start, so lakeFS not answering within 5 s is
+/// no error here.
+async fn check_lakefs_certificate(lakefs: Option<&LakeFsClient>) -> Result<(), StartError> {
+    let Some(lakefs) = lakefs else {
+        return Ok(());
+    };
+    match tokio::time::timeout(Duration::from_secs(5), lakefs.storage_config()).await {
+        Ok(Err(e)) if e.is_certificate_refused() => Err(StartError(format!(
+            "{e}{}",
+            presented(lakefs.client_certificate(), "lakefs", "LAKEFS")
         ))),
+        _ => Ok(()),
+    }
+}
+
+/// What the start error of a refused client certificate adds: the certificate presented, or
+/// where to set one for the server `spec` (`conductor`, `lakefs`; `variable` in capitals).
+fn presented(
+    certificate: Option<perago_contract::trust::ClientCertificate>,
+    spec: &str,
+    variable: &str,
+) -> String {
+    match certificate {
+        Some(c) => format!("; presented the client certificate {}", c.describe()),
+        None => format!(
+            "; no client certificate is set (spec.{spec}.tls.clientCertificateRef, \
+             PERAGO_{variable}_CLIENT_CERT_FILE)"
+        ),
     }
 }
 

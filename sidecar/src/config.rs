@@ -12,6 +12,7 @@ use crate::trace::TraceConfig;
 use perago_conductor::Credentials;
 use perago_conductor::flags::ConductorFlags;
 use perago_contract::setting::given;
+use perago_contract::trust::Tls;
 use perago_lakefs::direct::{DataPath, ObjectStoreHosts};
 use perago_lakefs::flags::LakeFsFlags;
 
@@ -153,8 +154,9 @@ impl FaultPoint {
 pub struct RuntimeSettings {
     pub conductor_url: String,
     pub credentials: Option<Credentials>,
-    /// Certificate authorities trusted for Conductor beside the built-in and platform roots.
-    pub conductor_roots: Vec<reqwest::Certificate>,
+    /// Certificate authorities trusted for Conductor beside the built-in and platform roots,
+    /// and the client certificate presented to it.
+    pub conductor_tls: Tls,
     /// The task domain polled; `None`: the task type's own queue.
     pub domain: Option<String>,
     pub request_timeout: Duration,
@@ -177,8 +179,9 @@ pub struct LakeFsSettings {
     pub endpoint: String,
     pub access_key_id: String,
     pub secret_access_key: String,
-    /// Certificate authorities trusted for lakeFS beside the built-in and platform roots.
-    pub roots: Vec<reqwest::Certificate>,
+    /// Certificate authorities trusted for lakeFS beside the built-in and platform roots,
+    /// and the client certificate presented to it.
+    pub tls: Tls,
     pub timeout: Duration,
     pub transfer_timeout: Duration,
     pub parallelism: usize,
@@ -206,7 +209,7 @@ impl Settings {
             .url()?
             .ok_or("CONDUCTOR_SERVER_URL is required for perago start")?;
         let credentials = self.conductor.auth.credentials()?;
-        let conductor_roots = self.conductor.roots()?;
+        let conductor_tls = self.conductor.tls()?;
         let domain = given("CONDUCTOR_WORKER_DOMAIN", self.conductor_domain.as_deref())?;
         if let Some(problem) = domain.as_deref().and_then(perago_contract::domain::problem) {
             return Err(format!("CONDUCTOR_WORKER_DOMAIN: {problem}"));
@@ -254,7 +257,7 @@ impl Settings {
                     endpoint: access.endpoint,
                     access_key_id: access.access_key_id,
                     secret_access_key: access.secret_access_key,
-                    roots: self.lakefs.roots()?,
+                    tls: self.lakefs.tls()?,
                     timeout: Duration::from_secs(self.lakefs_timeout_seconds.max(1)),
                     transfer_timeout: Duration::from_secs(self.transfer_timeout_seconds.max(1)),
                     parallelism: self.transfer_parallelism,
@@ -306,7 +309,7 @@ impl Settings {
         Ok(RuntimeSettings {
             conductor_url,
             credentials,
-            conductor_roots,
+            conductor_tls,
             domain,
             request_timeout: Duration::from_secs(self.conductor_timeout_seconds),
             worker_id,
