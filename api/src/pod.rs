@@ -30,6 +30,12 @@ pub const CONTRACT_DIR: &str = "/etc/perago";
 pub const CONDUCTOR_CA_VOLUME: &str = "perago-conductor-ca";
 pub const LAKEFS_CA_VOLUME: &str = "perago-lakefs-ca";
 pub const CA_DIR: &str = "/etc/perago-ca";
+/// The client certificates presented to Conductor and lakeFS
+/// (`spec.*.tls.clientCertificateRef`), mounted into the sidecar under
+/// [`CLIENT_CERT_DIR`]`/<volume>`.
+pub const CONDUCTOR_CLIENT_CERT_VOLUME: &str = "perago-conductor-client-cert";
+pub const LAKEFS_CLIENT_CERT_VOLUME: &str = "perago-lakefs-client-cert";
+pub const CLIENT_CERT_DIR: &str = "/etc/perago-client-cert";
 /// The label every object of a task carries; the Deployment selects its pods by it.
 pub const TASK_LABEL: &str = "perago.io/task";
 pub const CONTRACT_HASH_ANNOTATION: &str = "perago.io/contract-hash";
@@ -161,6 +167,8 @@ fn check_volumes(parts: &PodParts) -> Result<(), FieldError> {
         CONTRACT_VOLUME,
         CONDUCTOR_CA_VOLUME,
         LAKEFS_CA_VOLUME,
+        CONDUCTOR_CLIENT_CERT_VOLUME,
+        LAKEFS_CLIENT_CERT_VOLUME,
     ];
     let mut names = Vec::new();
     for (i, volume) in parts.volumes.iter().enumerate() {

@@ -661,7 +661,7 @@ pub struct ConductorConnection {
     pub tls: Option<TlsSettings>,
 }
 
-/// How the sidecar verifies the server's certificate.
+/// How the sidecar verifies the server's certificate, and the certificate it presents.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TlsSettings {
@@ -671,6 +671,23 @@ pub struct TlsSettings {
     /// built-in web roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle_ref: Option<CaBundleRef>,
+    /// The client certificate the sidecar presents to the server, for a gateway in front of
+    /// it that admits only clients with one (nginx `ssl_verify_client`, Envoy
+    /// `require_client_certificate`): a Secret of type `kubernetes.io/tls` in the task's
+    /// namespace (`tls.crt`, `tls.key`; what cert-manager writes). Mounted into the sidecar
+    /// only, never the body, so a body sharing the pod's network cannot pass the gateway. A
+    /// renewed Secret is used without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate_ref: Option<ClientCertificateRef>,
+}
+
+/// A Secret of type `kubernetes.io/tls` in the task's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificateRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// One key of a ConfigMap or of a Secret: exactly one of the two.

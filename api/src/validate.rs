@@ -96,6 +96,19 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
             check_ca_bundle(field, bundle)?;
         }
     }
+    for (field, tls) in [
+        (
+            "spec.conductor.tls.clientCertificateRef.name",
+            conductor_tls,
+        ),
+        ("spec.lakefs.tls.clientCertificateRef.name", lakefs_tls),
+    ] {
+        if let Some(secret) = tls.and_then(|t| t.client_certificate_ref.as_ref())
+            && secret.name.trim().is_empty()
+        {
+            return Err(FieldError::new(field, "name is required"));
+        }
+    }
 
     let mut warnings = Vec::new();
     if let (Some(ws), Some(budget)) = (&spec.workspace, budget) {

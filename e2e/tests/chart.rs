@@ -154,6 +154,17 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             "executorNetworkPolicy.enabled=true",
             "--set-json",
             r#"executorNetworkPolicy.egress=[{"to": [{"namespaceSelector": {}}]}]"#,
+            // Client certificates for the operator and the staging-gc job, and the CA.
+            "--set",
+            "conductor.clientCertificateRef.name=gateway-client",
+            "--set",
+            "lakefs.clientCertificateRef.name=lake-client",
+            "--set",
+            "conductor.caBundleRef.configMap.name=corp-ca",
+            "--set",
+            "stagingGc.enabled=true",
+            "--set",
+            "stagingGc.repositories={lake-data}",
         ][..],
     ] {
         let mut args = vec![
@@ -175,6 +186,12 @@ async fn rendered_chart_objects_pass_the_apiserver() {
             out.contains("key: CONDUCTOR_AUTH_KEY"),
             !extra.is_empty(),
             "the operator reads the Conductor key only when a credentials Secret is named"
+        );
+        assert_eq!(
+            out.matches("name: PERAGO_CONDUCTOR_CLIENT_CERT_FILE")
+                .count(),
+            if extra.is_empty() { 0 } else { 2 },
+            "the operator and the staging-gc job present the client certificate when one is named"
         );
         let mut kinds = Vec::new();
         for value in perago_e2e::yaml_documents(&out) {

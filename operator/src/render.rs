@@ -228,12 +228,13 @@ pub fn deployment(
             "body".to_owned(),
         ),
     ]);
-    let bundles = ca_bundles(task, contract);
+    let mut bundles = ca_bundles(task, contract);
+    bundles.extend(client_certificates(task, contract));
     let mut volumes = volumes(task);
     volumes.extend(bundles.iter().map(|b| b.volume.clone()));
     volumes.extend(parts.volumes);
     let mut sidecar_env = sidecar_env(task, contract, defaults, grace);
-    sidecar_env.extend(bundles.iter().map(|b| b.env.clone()));
+    sidecar_env.extend(bundles.iter().flat_map(|b| b.env.clone()));
     Deployment {
         metadata: metadata(task, object_name(task)),
         spec: Some(DeploymentSpec {
@@ -534,19 +535,20 @@ fn volumes(task: &PeragoTask) -> Vec<Volume> {
     ]
 }
 
-/// A private CA bundle for the sidecar: the volume of its ConfigMap or Secret key, where the
-/// sidecar mounts it, and the variable that points the client at it.
-struct CaBundle {
+/// Files for the sidecar alone (a private CA bundle, a client certificate): the volume of
+/// their ConfigMap or Secret, where the sidecar mounts it, and the variables that point the
+/// client at them.
+struct SidecarFiles {
     volume: Volume,
     mount: VolumeMount,
-    env: EnvVar,
+    env: Vec<EnvVar>,
 }
 
 /// The CA bundles of Conductor and (for workspace tasks) lakeFS that the task names. The key
 /// is optional in the volume: a missing one leaves the file absent, and the sidecar's start
 /// then says which setting and path, where a missing key would hold the pod in
 /// `ContainerCreating` with the reason only in an event.
-fn ca_bundles(task: &PeragoTask, contract: &TaskContract) -> Vec<CaBundle> {
+fn ca_bundles(task: &PeragoTask, contract: &TaskContract) -> Vec<SidecarFiles> {
     let spec = &task.spec;
     let conductor = spec.conductor.as_ref().and_then(|c| c.tls.as_ref());
     let lakefs = spec
@@ -589,14 +591,14 @@ fn ca_bundles(task: &PeragoTask, contract: &TaskContract) -> Vec<CaBundle> {
             }),
             ..Volume::default()
         };
-        Some(CaBundle {
+        Some(SidecarFiles {
             mount: VolumeMount {
                 name: volume.name.clone(),
                 mount_path: dir.clone(),
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
-            env: env(variable, format!("{dir}/{CA_FILE}")),
+            env: vec![env(variable, format!("{dir}/{CA_FILE}"))],
             volume,
         })
     })
@@ -605,6 +607,71 @@ fn ca_bundles(task: &PeragoTask, contract: &TaskContract) -> Vec<CaBundle> {
 
 /// The file name of a CA bundle in its mount.
 const CA_FILE: &str = "ca.crt";
+
+/// The client certificates of Conductor and (for workspace tasks) lakeFS that the task names:
+/// each `kubernetes.io/tls` Secret mounted whole into the sidecar alone, with no `subPath`,
+/// so that the kubelet's update of a renewed Secret reaches the files the sidecar reads again.
+/// Optional in the volume, as the CA bundles are: a missing Secret leaves the files absent,
+/// and the sidecar's start names the setting and the path.
+fn client_certificates(task: &PeragoTask, contract: &TaskContract) -> Vec<SidecarFiles> {
+    let spec = &task.spec;
+    let conductor = spec.conductor.as_ref().and_then(|c| c.tls.as_ref());
+    let lakefs = spec
+        .lakefs
+        .as_ref()
+        .and_then(|l| l.tls.as_ref())
+        .filter(|_| contract.workspace.is_some());
+    [
+        (conductor, pod::CONDUCTOR_CLIENT_CERT_VOLUME, "CONDUCTOR"),
+        (lakefs, pod::LAKEFS_CLIENT_CERT_VOLUME, "LAKEFS"),
+    ]
+    .into_iter()
+    .filter_map(|(tls, volume, server)| {
+        let secret = tls?.client_certificate_ref.as_ref()?;
+        let dir = format!("{}/{volume}", pod::CLIENT_CERT_DIR);
+        let items = [TLS_CERT_FILE, TLS_KEY_FILE]
+            .map(|key| KeyToPath {
+                key: key.to_owned(),
+                path: key.to_owned(),
+                mode: None,
+            })
+            .to_vec();
+        let volume = Volume {
+            name: volume.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.name.clone()),
+                items: Some(items),
+                optional: Some(true),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        };
+        Some(SidecarFiles {
+            mount: VolumeMount {
+                name: volume.name.clone(),
+                mount_path: dir.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            env: vec![
+                env(
+                    &format!("PERAGO_{server}_CLIENT_CERT_FILE"),
+                    format!("{dir}/{TLS_CERT_FILE}"),
+                ),
+                env(
+                    &format!("PERAGO_{server}_CLIENT_KEY_FILE"),
+                    format!("{dir}/{TLS_KEY_FILE}"),
+                ),
+            ],
+            volume,
+        })
+    })
+    .collect()
+}
+
+/// The keys of a `kubernetes.io/tls` Secret, and their file names in its mount.
+const TLS_CERT_FILE: &str = "tls.crt";
+const TLS_KEY_FILE: &str = "tls.key";
 
 /// The work volume: an emptyDir bounded at 10Gi unless the task says otherwise, in memory
 /// when asked, or a generic ephemeral volume (a PersistentVolumeClaim per pod).
@@ -730,8 +797,8 @@ mod tests {
   paramsSchema: {type: object}
   resultSchema: {type: object}
   controls: {publishBudget: {observedMergeP99Seconds: 5, safetyMarginSeconds: 5, lakefsMergeTimeoutSeconds: 20, conductorCompletionTimeoutSeconds: 10, workerShutdownGraceSeconds: 60, heartbeatIntervalSeconds: 10}}
-  conductor: {domain: canary, tls: {caBundleRef: {configMap: {name: corp-ca}}}}
-  lakefs: {credentialsSecret: lake-creds, tls: {caBundleRef: {secret: {name: lake-tls, key: bundle.pem}}}}
+  conductor: {domain: canary, tls: {caBundleRef: {configMap: {name: corp-ca}}, clientCertificateRef: {name: gateway-client}}}
+  lakefs: {credentialsSecret: lake-creds, tls: {caBundleRef: {secret: {name: lake-tls, key: bundle.pem}}, clientCertificateRef: {name: lake-client}}}
   executor:
     replicas: 2
     body: {image: reg/features:1, command: [python, -m, app], args: [--fast]}
@@ -879,6 +946,43 @@ mod tests {
             .map(|m| m.name.as_str())
             .collect();
         assert!(mounts.contains(&"perago-conductor-ca") && mounts.contains(&"perago-lakefs-ca"));
+        // The client certificates too: each Secret whole, without subPath, so that a renewal
+        // reaches the files.
+        for (server, secret) in [("CONDUCTOR", "gateway-client"), ("LAKEFS", "lake-client")] {
+            let volume = format!("perago-{}-client-cert", server.to_lowercase());
+            let dir = format!("/etc/perago-client-cert/{volume}");
+            assert_eq!(
+                env[format!("PERAGO_{server}_CLIENT_CERT_FILE").as_str()]
+                    .value
+                    .as_deref(),
+                Some(format!("{dir}/tls.crt").as_str())
+            );
+            assert_eq!(
+                env[format!("PERAGO_{server}_CLIENT_KEY_FILE").as_str()]
+                    .value
+                    .as_deref(),
+                Some(format!("{dir}/tls.key").as_str())
+            );
+            let source = volumes
+                .iter()
+                .find(|v| v.name == volume)
+                .unwrap()
+                .secret
+                .as_ref()
+                .unwrap();
+            assert_eq!(source.secret_name.as_deref(), Some(secret));
+            assert_eq!(source.optional, Some(true));
+            let mount = init[1]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == volume)
+                .unwrap();
+            assert_eq!(
+                (mount.mount_path.as_str(), mount.sub_path.as_deref()),
+                (dir.as_str(), None)
+            );
+        }
         assert_eq!(
             pod.containers[0].command.as_ref().unwrap(),
             &[
@@ -955,6 +1059,8 @@ mod tests {
                 "perago-contract",
                 "perago-conductor-ca",
                 "perago-lakefs-ca",
+                "perago-conductor-client-cert",
+                "perago-lakefs-client-cert",
                 "models"
             ],
             "the operator's volumes, then the template's"

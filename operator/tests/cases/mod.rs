@@ -218,6 +218,11 @@ pub fn bad_declarations() -> Vec<(&'static str, Value, &'static str)> {
             "spec.lakefs.tls.caBundleRef.key: \"ca/crt\" is not a ConfigMap or Secret key",
         ),
         (
+            "spec.lakefs",
+            yaml("{tls: {clientCertificateRef: {name: ' '}}}"),
+            "spec.lakefs.tls.clientCertificateRef.name: name is required",
+        ),
+        (
             "spec.conductor",
             yaml("{domain: 'eu,us'}"),
             "spec.conductor.domain: \"eu,us\" is not a task domain",
