@@ -13,6 +13,7 @@ pub mod collector;
 pub mod faults;
 pub mod fleet;
 pub mod flux;
+pub mod gateway;
 pub mod lake;
 pub mod measure;
 pub mod node;

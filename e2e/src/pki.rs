@@ -39,11 +39,14 @@ pub enum Usage<'a> {
 
 impl Authority {
     pub fn create(dir: &Path) -> Result<Self> {
+        Self::create_named(dir, "perago-e2e-ca")
+    }
+
+    /// An authority whose certificate names `cn` (authorities of one test tell apart by it).
+    pub fn create_named(dir: &Path, cn: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "perago-e2e-ca");
+        params.distinguished_name.push(DnType::CommonName, cn);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -66,7 +69,29 @@ impl Authority {
 
     /// Issue `<name>.crt` / `<name>.key` for subject `cn`.
     pub fn issue(&self, name: &str, cn: &str, usage: &Usage<'_>) -> Result<Pair> {
+        self.issue_with(
+            name,
+            cn,
+            usage,
+            CertificateParams::new(Vec::<String>::new())?,
+        )
+    }
+
+    /// [`Self::issue`], of a certificate that expired on 1 January 2021.
+    pub fn issue_expired(&self, name: &str, cn: &str, usage: &Usage<'_>) -> Result<Pair> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        self.issue_with(name, cn, usage, params)
+    }
+
+    fn issue_with(
+        &self,
+        name: &str,
+        cn: &str,
+        usage: &Usage<'_>,
+        mut params: CertificateParams,
+    ) -> Result<Pair> {
         params.distinguished_name.push(DnType::CommonName, cn);
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
