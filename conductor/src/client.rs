@@ -606,7 +606,10 @@ mod tests {
         let page = "<html>\r\n<head><title>400 No required SSL certificate was sent</title>";
         let refused = answer("batch poll", StatusCode::BAD_REQUEST, page.into()).unwrap_err();
         assert!(refused.is_certificate_refused() && refused.is_auth());
-        assert!(refused.is_transient(), "never reached Conductor: safe to try again");
+        assert!(
+            refused.is_transient(),
+            "never reached Conductor: safe to try again"
+        );
         assert_eq!(
             refused.to_string(),
             "Conductor batch poll was refused: the gateway requires a client certificate and \

@@ -132,7 +132,10 @@ mod tests {
             ),
             // A gateway's refusal of the client certificate: lakeFS never saw the merge.
             (
-                status(400, "<title>400 No required SSL certificate was sent</title>"),
+                status(
+                    400,
+                    "<title>400 No required SSL certificate was sent</title>",
+                ),
                 MergeOutcome::NotApplied,
             ),
             (
