@@ -51,7 +51,7 @@ pub struct ReportArgs {
     /// A PeragoTask's name, or `operator` for the operator (a task named operator:
     /// `ptask/operator`).
     pub target: String,
-    /// Write the bundle to this `.tar.gz` file (default: perago-report-…-<UTC time>.tar.gz in
+    /// Write the bundle to this `.tar.gz` file (default: `perago-report-…-<UTC time>.tar.gz` in
     /// the current directory).
     #[arg(long, value_name = "FILE", conflicts_with = "output_dir")]
     pub output_file: Option<PathBuf>,

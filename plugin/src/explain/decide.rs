@@ -34,7 +34,7 @@ pub enum FenceKind {
     Attempt,
 }
 
-/// What became of one attempt: the situation [`decide`] found, with the facts that tell it.
+/// What became of one attempt: the situation `decide` found, with the facts that tell it.
 /// Its words are its `Display`; in JSON it is a [`VerdictKind`], those words and the commit,
 /// fence and head a script needs.
 #[derive(Clone, Debug, PartialEq, Eq)]

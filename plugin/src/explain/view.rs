@@ -54,7 +54,7 @@ pub struct AttemptView {
     pub verdict: Verdict,
 }
 
-/// One attempt as Conductor and lakeFS show it: what [`decide`](super::decide::decide) reads.
+/// One attempt as Conductor and lakeFS show it: what `decide` reads.
 #[derive(Debug, Serialize)]
 pub struct Attempt {
     /// Conductor's retryCount.
