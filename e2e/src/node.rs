@@ -1,7 +1,8 @@
-//! A real single-node Kubernetes for the tests and the demo: containerd with a run-private
-//! root, state and socket; the controller-manager and the scheduler; a kubelet; kube-proxy, so
-//! pods reach the apiserver through the `kubernetes` Service as in any cluster; and a bridge
-//! pod network that exists only on this machine.
+//! A real single-node Kubernetes for the tests and the demo: containerd (built from its module
+//! by `e2e/bin/obtain`, running Debian's runc) with a run-private root, state and socket; the
+//! controller-manager and the scheduler; a kubelet; kube-proxy, so pods reach the apiserver
+//! through the `kubernetes` Service as in any cluster; and a bridge pod network that exists
+//! only on this machine.
 //!
 //! The bridge, the iptables chains, the sysctls and the `kubepods` cgroups are machine-wide,
 //! so there is one node per machine at a time: [`claim_machine`] takes a lock that
@@ -138,9 +139,8 @@ fn check_host() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the node needs root (containerd, the kubelet, a bridge and iptables rules)");
     }
+    // containerd itself is built from its module (e2e/bin/obtain); runc is Debian's.
     for (tool, package) in [
-        ("containerd", "containerd"),
-        ("ctr", "containerd"),
         ("runc", "runc"),
         ("iptables", "iptables"),
         ("ip", "iproute2"),
@@ -259,36 +259,42 @@ impl Containerd {
         std::fs::write(
             &config,
             format!(
-                r#"version = 2
+                r#"# containerd 2.3's own version, read as written (an older one is migrated at each start).
+version = 4
 root = "{home}/root"
 state = "{home}/state"
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "{socket}"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{home}/ttrpc.sock"
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "{home}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+# The node runs no NRI plugins; enabled, NRI would listen on a machine-wide socket in /var/run/nri.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{home}/certs.d"
+[plugins.'io.containerd.cri.v1.runtime']
   # These machines drop CAP_SYS_RESOURCE from every bounding set: runc cannot lower
   # oom_score_adj, and without this every sandbox fails with "can't get final child's PID".
   restrict_oom_score_adj = true
   disable_apparmor = true
   # Pod network namespaces live in the run's directory, so clean-up finds them.
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "{home}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{cni}/net.d"
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{home}/certs.d"
 "#,
                 home = home.display(),
                 socket = socket.display(),
@@ -327,8 +333,16 @@ state = "{home}/state"
                 }],
             }))?,
         )?;
-        let mut cmd = Command::new("containerd");
+        let bin = containerd_dir()?;
+        let mut cmd = Command::new(bin.join("containerd"));
         cmd.arg("--config").arg(&config);
+        // containerd looks for its runc shim on PATH before beside itself: the build's own
+        // shim goes first, ahead of any a distribution's containerd put in /usr/bin.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        cmd.env(
+            "PATH",
+            std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))?,
+        );
         let log = dir.join("containerd.log");
         let process = spawn_containerd(&mut cmd, log.clone(), &socket).await?;
         let started = Instant::now();
@@ -362,9 +376,23 @@ async fn spawn_containerd(
     Ok(process)
 }
 
-/// `ctr --address <socket> -n k8s.io <args>`, its standard output.
+/// The directory of the node's containerd build (`e2e/bin/obtain containerd`): `containerd`,
+/// `ctr` and the runc shim.
+fn containerd_dir() -> Result<PathBuf> {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    let containerd = obtain("containerd")?;
+    let dir = containerd
+        .parent()
+        .with_context(|| format!("{} has no directory", containerd.display()))?;
+    Ok(DIR.get_or_init(|| dir.to_owned()).clone())
+}
+
+/// `ctr --address <socket> -n k8s.io <args>` of the node's containerd build, its standard output.
 pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new("ctr")
+    let out = Command::new(containerd_dir()?.join("ctr"))
         .arg("--address")
         .arg(socket)
         .args(["-n", "k8s.io"])
