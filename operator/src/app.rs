@@ -132,6 +132,10 @@ pub struct ProcessArgs {
     /// them; unset or empty: every namespace.
     #[arg(long, env = "PERAGO_WATCH_NAMESPACES", default_value = "", value_parser = crate::scope::Scope::parse)]
     watch_namespaces: crate::scope::Scope,
+    /// This cluster's name in the TaskDefs it registers, so that clusters sharing a Conductor
+    /// do not rewrite each other's (ADR 0040). Unset: the UID of the namespace `kube-system`.
+    #[arg(long, env = "PERAGO_CLUSTER_NAME")]
+    cluster_name: Option<String>,
 }
 
 /// The validating admission webhook (ADR 0008).
@@ -300,6 +304,37 @@ impl DefaultsArgs {
     }
 }
 
+/// The cluster's name in the TaskDefs it registers: the one given, else the UID of
+/// `kube-system`, which every cluster has and no two share. Unreadable (the operator may not
+/// read that namespace): unnamed, as every cluster was before names, with a warning.
+async fn cluster_name(client: &kube::Client, given: Option<&str>) -> String {
+    if let Some(name) = given.map(str::trim).filter(|n| !n.is_empty()) {
+        return name.to_owned();
+    }
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        namespaces.get("kube-system"),
+    )
+    .await
+    {
+        Ok(Ok(namespace)) => {
+            let uid = namespace.metadata.uid.unwrap_or_default();
+            tracing::info!(cluster = %uid, "named the cluster by the UID of kube-system");
+            uid
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not read the namespace kube-system to name the cluster; set --cluster-name (clusterName) when clusters share a Conductor");
+            String::new()
+        }
+        Err(_) => {
+            tracing::warn!("reading the namespace kube-system timed out; the cluster is unnamed");
+            String::new()
+        }
+    }
+}
+
 fn run(
     defaults: render::Defaults,
     timeout: u64,
@@ -328,6 +363,7 @@ fn run(
             .await
             .map_err(|e| format!("connecting to Kubernetes failed: {e}"))?;
         start_webhook(&client, webhook, &process.lease_namespace, &metrics);
+        let cluster = cluster_name(&client, process.cluster_name.as_deref()).await;
         // What one leadership term reconciles with: made afresh each term, so the caches of
         // a term that ended (its watches stopped) are never read by the next.
         let term = || -> Result<(context::Context, owned::Writers), String> {
@@ -357,6 +393,7 @@ fn run(
                 owned,
                 // The controllers' own stores, once `controller::run` has made the controllers.
                 tasks: crate::scope::Stores::new(Vec::new()),
+                cluster: cluster.clone(),
             };
             Ok((context, writers))
         };

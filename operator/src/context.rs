@@ -34,6 +34,8 @@ pub struct Context {
     pub owned: Owned,
     /// Every watched PeragoTask, as the controllers' watches keep them (for a task's siblings).
     pub tasks: Stores<PeragoTask>,
+    /// This cluster's name in the TaskDefs it registers (ADR 0040); empty when unnamed.
+    pub cluster: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -23,9 +23,10 @@ use tracing::{debug, info, warn};
 use perago_api::task::DeletionPolicy;
 use perago_api::{FieldError, PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
-use crate::conductor::{ConductorError, holds};
+use crate::conductor::ConductorError;
 use crate::context::{Context, Error, conductor_url};
 use crate::owned;
+use crate::registrar::{self, Registrar, Registration};
 use crate::render::{self, TASK_LABEL};
 use crate::scaler::Observed;
 use crate::scope::{Scope, Stores, Wake};
@@ -85,22 +86,40 @@ async fn patch_status(
     Ok(())
 }
 
-/// Create the TaskDef, or rewrite it when it no longer holds the rendered values.
+/// This cluster's mark on the TaskDefs `task` writes (ADR 0040).
+fn registrar(ctx: &Context, task: &PeragoTask) -> Registrar {
+    Registrar {
+        cluster: ctx.cluster.clone(),
+        task: format!(
+            "{}/{}",
+            task.namespace().unwrap_or_default(),
+            task.name_any()
+        ),
+    }
+}
+
+/// Create the TaskDef, or rewrite it when it no longer holds the rendered values, unless
+/// another cluster wrote it: then the other cluster's registrar and the fields that differ,
+/// and nothing written.
 async fn register_task_def(
     ctx: &Context,
     task: &PeragoTask,
     base: &str,
     doc: &serde_json::Value,
-) -> Result<(), ConductorError> {
+) -> Result<Option<(Registrar, Vec<String>)>, ConductorError> {
     let name = &task.spec.task_name;
     let conductor = ctx.conductor.at(base);
     // A listing up to half a resync old: drift shows within one and a half resyncs.
-    match ctx.conductor.task_def(base, name, ctx.resync / 2).await? {
-        None => {
+    let stored = ctx.conductor.task_def(base, name, ctx.resync / 2).await?;
+    let marked = registrar::marked(doc, &registrar(ctx, task));
+    match registrar::decide(stored.as_ref(), doc, &ctx.cluster) {
+        Registration::Create => {
             // Absent from a listing that may be a little old: a create is an upsert, so a
             // TaskDef made since is rewritten with the same values.
-            conductor.create_task_def(name, doc).await?;
-            ctx.conductor.wrote_task_def(base, name, Some(doc)).await;
+            conductor.create_task_def(name, &marked).await?;
+            ctx.conductor
+                .wrote_task_def(base, name, Some(&marked))
+                .await;
             info!(task_def = %name, "registered the TaskDef");
             publish_event(
                 ctx,
@@ -111,9 +130,11 @@ async fn register_task_def(
             )
             .await;
         }
-        Some(stored) if !holds(&stored, doc) => {
-            conductor.update_task_def(name, doc).await?;
-            ctx.conductor.wrote_task_def(base, name, Some(doc)).await;
+        Registration::Repair => {
+            conductor.update_task_def(name, &marked).await?;
+            ctx.conductor
+                .wrote_task_def(base, name, Some(&marked))
+                .await;
             info!(task_def = %name, "repaired the TaskDef");
             publish_event(
                 ctx,
@@ -124,9 +145,10 @@ async fn register_task_def(
             )
             .await;
         }
-        Some(_) => {}
+        Registration::Keep => {}
+        Registration::Foreign(other, fields) => return Ok(Some((other, fields))),
     }
-    Ok(())
+    Ok(None)
 }
 
 /// `rendered` applied under the operator's field manager, unless the watched object in `store`
@@ -299,7 +321,22 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::requeue(ctx.resync));
     }
     let work = match register_task_def(ctx, &task, &base, &doc).await {
-        Ok(()) => observe(ctx, &task, &base).await,
+        Ok(Some((other, fields))) => {
+            let message = format!(
+                "TaskDef {} was registered from cluster {:?} by PeragoTask {}, and this spec \
+                 renders it differently ({}); clusters that share a Conductor must render the \
+                 same TaskDef for a task type, and only the cluster that registered it rewrites \
+                 it (ADR 0040)",
+                task.spec.task_name,
+                other.cluster,
+                other.task,
+                fields.join(", ")
+            );
+            stall(ctx, &api, &task, siblings::REASON, message).await?;
+            // The other cluster's change does not wake this task: look again at the resync.
+            return Ok(Action::requeue(ctx.resync));
+        }
+        Ok(None) => observe(ctx, &task, &base).await,
         Err(e) => Err(Error::Conductor(e)),
     };
     let mut work = match work {
@@ -424,6 +461,16 @@ async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> 
                 "kept TaskDef {name} (deletionPolicy: Delete): PeragoTask {}/{} still uses it",
                 sibling.namespace().unwrap_or_default(),
                 sibling.name_any()
+            );
+            info!(task_def = %name, "{note}");
+            publish_event(ctx, &task, EventType::Normal, "TaskDefKept", note).await;
+            return Ok(Action::await_change());
+        }
+        let stored = ctx.conductor.task_def(&base, name, Duration::ZERO).await?;
+        if let Some(Err(other)) = stored.map(|s| registrar::may_delete(&s, &ctx.cluster)) {
+            let note = format!(
+                "kept TaskDef {name} (deletionPolicy: Delete): cluster {:?} registered it (PeragoTask {})",
+                other.cluster, other.task
             );
             info!(task_def = %name, "{note}");
             publish_event(ctx, &task, EventType::Normal, "TaskDefKept", note).await;

@@ -74,6 +74,7 @@ pub fn mocked_context_with(queue_period: Option<Duration>) -> (Arc<Context>, Api
         queues: QueueWatch::new(queue_period),
         owned: crate::owned::Owned::empty(),
         tasks: crate::scope::Stores::new(vec![kube::runtime::reflector::store().0]),
+        cluster: "test".into(),
     };
     (Arc::new(context), ApiServer(handle))
 }

@@ -15,6 +15,7 @@ pub mod owned;
 pub mod pods;
 pub mod queues;
 pub mod reference;
+pub mod registrar;
 pub mod render;
 pub mod scaler;
 pub mod scaling;

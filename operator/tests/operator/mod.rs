@@ -75,7 +75,7 @@ impl Operator {
     }
 }
 
-async fn install_crd(client: &Client) {
+pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
