@@ -35,6 +35,24 @@ pub struct Span {
     pub resource: BTreeMap<String, Value>,
 }
 
+/// Whether `span` is `root` or below it, by its parents among `spans`.
+fn below(spans: &[Span], span: &Span, root: &Span) -> bool {
+    let mut at = span;
+    for _ in 0..spans.len() + 1 {
+        if at.span_id == root.span_id {
+            return true;
+        }
+        match spans
+            .iter()
+            .find(|s| s.trace_id == at.trace_id && s.span_id == at.parent_span_id)
+        {
+            Some(parent) => at = parent,
+            None => return false,
+        }
+    }
+    false
+}
+
 impl Span {
     /// A string attribute, if the span has it.
     pub fn text(&self, key: &str) -> Option<&str> {
@@ -154,9 +172,9 @@ impl Collector {
         Ok(spans)
     }
 
-    /// The traces whose root span (`attempt`) has `key` = one of `values`, each as its spans
-    /// in start order (the root first), once there is a whole one for every value (within
-    /// `limit`).
+    /// The attempts whose root span (`attempt`) has `key` = one of `values`, each as the root
+    /// and the spans below it in start order (the root first), once there is one for every
+    /// value (within `limit`). Attempts of one workflow share a trace; each is its own here.
     pub async fn traces_where(
         &self,
         key: &str,
@@ -178,7 +196,7 @@ impl Collector {
                     .map(|root| {
                         let mut trace: Vec<Span> = spans
                             .iter()
-                            .filter(|s| s.trace_id == root.trace_id)
+                            .filter(|s| s.trace_id == root.trace_id && below(&spans, s, root))
                             .cloned()
                             .collect();
                         // The root starts with the poll: a stable sort keeps it first.

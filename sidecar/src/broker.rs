@@ -21,7 +21,7 @@ use crate::pipeline::{Attempt, Completion, Sweep};
 use crate::retry;
 use crate::runner::{Lease, RunnerHub};
 use crate::telemetry::Metrics;
-use crate::trace::{AttemptTrace, TraceOutcome, Tracer};
+use crate::trace::{AttemptTrace, RunTrace, TraceOutcome, Tracer};
 use crate::workspace::{WorkspaceRuntime, publish};
 use perago_conductor::{ConductorClient, ConductorError};
 use perago_workspace::attempt::{AttemptSnapshot, report_identity};
@@ -209,7 +209,7 @@ impl Broker {
         abandon: watch::Receiver<bool>,
     ) {
         let trace = self.tracer.as_ref().map_or_else(AttemptTrace::off, |t| {
-            t.attempt(poll, &self.contract.task_name)
+            t.attempt(poll, &self.contract.task_name, RunTrace::of(&task))
         });
         trace.note_attempt("perago.execution.id", &execution_id);
         trace.note_attempt("perago.worker.id", &self.settings.worker_id);

@@ -91,6 +91,11 @@ pub struct AcceptedInput {
     pub params: Value,
 }
 
+/// Top-level input keys the runtime reads itself, beside the contract's: the W3C trace context
+/// an attempt's trace continues (ADR 0041). Accepted in strict mode too; the body never sees
+/// them.
+pub const RUNTIME_KEYS: &[&str] = &["traceparent"];
+
 /// Check the top-level key set of `inputData`.
 pub fn accept(
     contract: &TaskContract,
@@ -103,7 +108,9 @@ pub fn accept(
         &["params"]
     };
     let all_present = expected.iter().all(|k| input.contains_key(*k));
-    let only_these = input.len() == expected.len();
+    let only_these = input
+        .keys()
+        .all(|k| expected.contains(&k.as_str()) || RUNTIME_KEYS.contains(&k.as_str()));
     let ok = all_present && (only_these || !contract.strict_params);
     if !ok {
         let (strict_text, lenient_text) = if workspace_task {
@@ -489,6 +496,12 @@ mod tests {
                 .to_string(),
             "workspace task input must contain workspace and params"
         );
+        // The trace context is the runtime's own key, in either mode; the body gets params.
+        let traced = input(json!({"params": {"n": 1}, "traceparent": "00-x"}));
+        assert_eq!(accept(&strict, &traced).unwrap().params, json!({"n": 1}));
+        let traced_ws = input(json!({"params": {}, "workspace": {}, "traceparent": "00-x"}));
+        assert!(accept(&ws_strict, &traced_ws).is_ok());
+        assert!(accept(&strict, &input(json!({"traceparent": "00-x"}))).is_err());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use opentelemetry_proto::tonic::trace::v1::{
 };
 use prometheus::{IntCounter, IntCounterVec};
 use prost::Message;
+use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
 
@@ -197,9 +198,15 @@ impl Tracer {
         })
     }
 
-    /// A new attempt's timeline; its trace starts with the poll that brought the task.
-    pub fn attempt(&self, poll: (SystemTime, SystemTime), task_type: &str) -> AttemptTrace {
-        AttemptTrace::started(poll, task_type)
+    /// A new attempt's timeline in `run`'s trace; it starts with the poll that brought the
+    /// task.
+    pub fn attempt(
+        &self,
+        poll: (SystemTime, SystemTime),
+        task_type: &str,
+        run: RunTrace,
+    ) -> AttemptTrace {
+        AttemptTrace::started(poll, task_type, run)
     }
 
     /// Queue a finished attempt's spans (never waits).
@@ -298,6 +305,93 @@ struct Timeline {
     open: Option<Span>,
 }
 
+/// The trace an attempt joins: its workflow run's (ADR 0041). Every attempt of one workflow
+/// instance is in one trace, so a run of several steps, in several pods, and its retries read
+/// as one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunTrace {
+    trace_id: Vec<u8>,
+    /// The span the attempt's root continues: the caller's, from a `traceparent`.
+    parent_span_id: Vec<u8>,
+}
+
+impl RunTrace {
+    /// The run of `task` (a polled Conductor task): the W3C `traceparent` of its input
+    /// parameter `traceparent` when it has a valid one, else a trace id of its workflow
+    /// instance id, which needs nothing from the workflow. A malformed `traceparent` is left
+    /// out with a warning; a task with no workflow id gets a trace of its own.
+    pub fn of(task: &Value) -> Self {
+        // Null is what a workflow's `${workflow.input.traceparent}` gives when its input has none.
+        if let Some(given) = task
+            .pointer("/inputData/traceparent")
+            .filter(|v| !v.is_null())
+        {
+            match given.as_str().and_then(parse_traceparent) {
+                Some((trace_id, parent_span_id)) => {
+                    return Self {
+                        trace_id,
+                        parent_span_id,
+                    };
+                }
+                None => warn!(
+                    traceparent = %given,
+                    "the task's input parameter traceparent is not a W3C traceparent; the attempt joins its workflow's trace instead"
+                ),
+            }
+        }
+        let trace_id = match task.get("workflowInstanceId").and_then(Value::as_str) {
+            Some(workflow) if !workflow.is_empty() => workflow_trace_id(workflow),
+            _ => random_id(16),
+        };
+        Self {
+            trace_id,
+            parent_span_id: Vec::new(),
+        }
+    }
+}
+
+/// The trace id of a workflow instance: its UUID's 16 bytes, so that the trace id is the
+/// workflow id without its dashes; for an id that is not a UUID, the MD5 of it.
+pub fn workflow_trace_id(workflow: &str) -> Vec<u8> {
+    match uuid::Uuid::parse_str(workflow) {
+        Ok(id) if !id.is_nil() => id.as_bytes().to_vec(),
+        _ => {
+            use md5::Digest;
+            md5::Md5::digest(format!("perago-workflow:{workflow}")).to_vec()
+        }
+    }
+}
+
+/// The trace id and span id of a W3C `traceparent` (version 00): `None` unless it is one,
+/// with neither id all zeros.
+fn parse_traceparent(value: &str) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut parts = value.trim().split('-');
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let lower_hex = |s: &str, len: usize| {
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    if parts.next().is_some()
+        || version != "00"
+        || !lower_hex(trace, 32)
+        || !lower_hex(span, 16)
+        || !lower_hex(flags, 2)
+    {
+        return None;
+    }
+    let bytes = |s: &str| -> Option<Vec<u8>> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+            .collect()
+    };
+    let (trace, span) = (bytes(trace)?, bytes(span)?);
+    let zero = |b: &[u8]| b.iter().all(|&x| x == 0);
+    (!zero(&trace) && !zero(&span)).then_some((trace, span))
+}
+
 fn random_id(bytes: usize) -> Vec<u8> {
     // A version-4 UUID is 122 random bits; a span id takes 8 of its bytes.
     uuid::Uuid::new_v4().as_bytes()[16 - bytes..].to_vec()
@@ -392,11 +486,16 @@ impl AttemptTrace {
         Self(None)
     }
 
-    fn started((polled, answered): (SystemTime, SystemTime), task_type: &str) -> Self {
-        let trace_id = random_id(16);
+    fn started(
+        (polled, answered): (SystemTime, SystemTime),
+        task_type: &str,
+        run: RunTrace,
+    ) -> Self {
+        let trace_id = run.trace_id;
         let root = Span {
             trace_id: trace_id.clone(),
             span_id: random_id(8),
+            parent_span_id: run.parent_span_id,
             name: "attempt".into(),
             kind: span::SpanKind::Consumer as i32,
             start_time_unix_nano: nanos(polled),
@@ -559,9 +658,49 @@ mod tests {
     }
 
     #[test]
+    fn an_attempt_joins_the_trace_its_task_names_or_its_workflows() {
+        let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let task =
+            serde_json::json!({"workflowInstanceId": "wf-1", "inputData": {"traceparent": given}});
+        let run = RunTrace::of(&task);
+        assert_eq!(hex(&run.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(hex(&run.parent_span_id), "00f067aa0ba902b7");
+        // Two attempts of one workflow: one trace, whatever pod runs them.
+        let attempt = serde_json::json!({"workflowInstanceId": "wf-1", "taskId": "a"});
+        let retry = serde_json::json!({"workflowInstanceId": "wf-1", "taskId": "b"});
+        assert_eq!(RunTrace::of(&attempt), RunTrace::of(&retry));
+        assert_eq!(RunTrace::of(&attempt).trace_id.len(), 16);
+        assert_ne!(
+            RunTrace::of(&attempt),
+            RunTrace::of(&serde_json::json!({"workflowInstanceId": "wf-2"}))
+        );
+        for bad in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "garbage",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad}");
+            let task = serde_json::json!({"workflowInstanceId": "wf-1", "inputData": {"traceparent": bad}});
+            assert_eq!(RunTrace::of(&task), RunTrace::of(&attempt), "{bad}");
+        }
+        for other in [serde_json::json!(7), serde_json::Value::Null] {
+            let task = serde_json::json!({"workflowInstanceId": "wf-1", "inputData": {"traceparent": other}});
+            assert_eq!(RunTrace::of(&task), RunTrace::of(&attempt));
+        }
+    }
+
+    #[test]
     fn a_timeline_becomes_one_trace_of_sequential_phases() {
         let polled = SystemTime::now();
-        let trace = AttemptTrace::started((polled, polled + Duration::from_millis(3)), "t");
+        let run = RunTrace::of(&serde_json::json!({
+            "workflowInstanceId": "8c1c5f0e-3f6e-4f0a-9d61-2b7c1f9a0b42",
+        }));
+        let trace = AttemptTrace::started((polled, polled + Duration::from_millis(3)), "t", run);
         trace.mark("input");
         trace.mark("body");
         let parent = trace.traceparent().unwrap();
@@ -578,6 +717,8 @@ mod tests {
         let names: Vec<_> = spans.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["poll", "input", "body", "report", "attempt"]);
         let root = &spans[4];
+        assert_eq!(hex(&root.trace_id), "8c1c5f0e3f6e4f0a9d612b7c1f9a0b42");
+        assert!(root.parent_span_id.is_empty());
         assert!(spans.iter().all(|s| s.trace_id == root.trace_id));
         assert!(spans[..4].iter().all(|s| s.parent_span_id == root.span_id));
         // Each phase ends where the next begins; the root spans them all.

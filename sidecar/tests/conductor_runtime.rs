@@ -919,3 +919,131 @@ async fn a_pod_in_a_task_domain_serves_only_the_work_routed_to_it() {
     )
     .await;
 }
+
+/// Every attempt of one workflow run joins one trace (ADR 0041): a workflow of three steps,
+/// each task type served by a pod of its own, the second failing its first attempt. Without a
+/// `traceparent` the trace id is the workflow id without its dashes; with one in the step's
+/// input (from the workflow's input) every attempt continues it; a malformed one is left out
+/// with a warning.
+#[tokio::test]
+async fn a_workflow_run_is_one_trace_across_pods_and_retries() {
+    let services = shared(Selection {
+        conductor: true,
+        ..Selection::default()
+    })
+    .await;
+    let dir = services
+        .dir()
+        .join(format!("run-traces-{}", std::process::id()));
+    let collector = perago_e2e::collector::Collector::start(&dir, "127.0.0.1")
+        .await
+        .unwrap();
+    let c = conductor().await;
+    let steps = ["rt.run.first", "rt.run.second", "rt.run.third"];
+    let controls =
+        "  controls: {retry: {count: 1, delaySeconds: 0}, timeout: {responseSeconds: 30}}\n";
+    let env = [
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            collector.endpoint.as_str(),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    // The second step fails the first attempt of each run, marked by a file per workflow.
+    let flaky = format!(
+        "marker={}/failed-$(python3 -c 'import json,os; print(json.load(open(os.environ[\"PERAGO_PARAMS\"]))[\"n\"])')\n\
+         if [ ! -e \"$marker\" ]; then touch \"$marker\"; exit 3; fi\n{DOUBLE}",
+        dir.display()
+    );
+    let mut pods = Vec::new();
+    for (step, body) in steps.iter().zip([DOUBLE, flaky.as_str(), DOUBLE]) {
+        let contract = declare(&c, step, controls).await;
+        pods.push(pod(&c, &contract, body, &env).await);
+    }
+    let tasks: Vec<Value> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            json!({"name": step, "taskReferenceName": format!("s{i}"), "type": "SIMPLE",
+                   "inputParameters": {"params": {"n": "${workflow.input.n}"},
+                                       "traceparent": "${workflow.input.traceparent}"}})
+        })
+        .collect();
+    let wf = json!({"name": "rt.run", "version": 1, "schemaVersion": 2,
+                    "ownerEmail": "e2e@example.com", "tasks": tasks});
+    c.call(
+        reqwest::Method::PUT,
+        "/metadata/workflow",
+        Some(&json!([wf])),
+    )
+    .await;
+    let given = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut runs = Vec::new();
+    for (n, traceparent) in [(1, None), (2, Some(given)), (3, Some("00-nonsense-01"))] {
+        let mut input = json!({"n": n});
+        if let Some(traceparent) = traceparent {
+            input["traceparent"] = json!(traceparent);
+        }
+        let id = c
+            .call(
+                reqwest::Method::POST,
+                "/workflow",
+                Some(&json!({"name": "rt.run", "version": 1, "input": input})),
+            )
+            .await;
+        let done = c.finished(id.as_str().unwrap()).await;
+        assert_eq!(done["status"], "COMPLETED", "{done}");
+        runs.push(done);
+    }
+    let task_ids: Vec<&str> = runs
+        .iter()
+        .flat_map(|wf| wf["tasks"].as_array().unwrap())
+        .map(|t| t["taskId"].as_str().unwrap())
+        .collect();
+    assert_eq!(task_ids.len(), 12, "three steps and one retry per run");
+    let attempts = collector
+        .traces_where("perago.task.id", &task_ids, Duration::from_secs(30))
+        .await
+        .unwrap();
+    for (run, expected) in runs.iter().zip([None, Some(given), None]) {
+        let workflow = run["workflowId"].as_str().unwrap();
+        let roots: Vec<&perago_e2e::collector::Span> = attempts
+            .iter()
+            .map(|a| &a[0])
+            .filter(|root| root.text("perago.workflow.id") == Some(workflow))
+            .collect();
+        assert_eq!(roots.len(), 4, "{workflow}: {roots:#?}");
+        let (trace_id, parent) = match expected {
+            Some(traceparent) => {
+                let parts: Vec<&str> = traceparent.split('-').collect();
+                (parts[1].to_owned(), parts[2].to_owned())
+            }
+            None => (workflow.replace('-', ""), String::new()),
+        };
+        for root in &roots {
+            assert_eq!(root.trace_id, trace_id, "{workflow}: {root:#?}");
+            assert_eq!(root.parent_span_id, parent, "{workflow}: {root:#?}");
+        }
+        let workers: std::collections::BTreeSet<&str> = roots
+            .iter()
+            .filter_map(|r| r.text("perago.worker.id"))
+            .collect();
+        assert_eq!(workers.len(), 3, "three pods ran the run: {workers:?}");
+        let second: Vec<Option<&str>> = roots
+            .iter()
+            .filter(|r| r.text("perago.task.type") == Some(steps[1]))
+            .map(|r| r.text("perago.attempt.status"))
+            .collect();
+        assert_eq!(
+            second,
+            [Some("FAILED"), Some("COMPLETED")],
+            "{workflow}: both attempts of the retried step"
+        );
+        eprintln!("run {workflow}: 4 attempts in 3 pods, one trace {trace_id} (parent {parent:?})");
+    }
+    let warned = pods[0].log_with(&["is not a W3C traceparent"]).await;
+    assert!(
+        warned.contains("00-nonsense-01"),
+        "the malformed traceparent is named in a warning: {warned}"
+    );
+}
