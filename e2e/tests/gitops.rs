@@ -33,7 +33,7 @@ use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio::sync::{Mutex, OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The node with the operator and Flux, once per test binary.
 struct Setup {
@@ -42,19 +42,39 @@ struct Setup {
 }
 
 static SETUP: OnceCell<Setup> = OnceCell::const_new();
-/// One scenario at a time: the race scales the operator every other scenario needs.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+/// Scenarios share the operator and the Git server; one that stops either (the race scales the
+/// operator to zero, the lost Git server stops it) has them alone.
+static SHARED: RwLock<()> = RwLock::const_new(());
 
-/// One test's view of the setup, held for the whole test.
+/// A scenario's turn: held (never read) for the whole test.
+#[allow(dead_code)]
+enum Turn {
+    Shared(RwLockReadGuard<'static, ()>),
+    Alone(RwLockWriteGuard<'static, ()>),
+}
+
+/// One test's view of the setup.
 struct Scenario {
     cluster: &'static Cluster,
     flux: &'static Flux,
     /// A client of this test's own runtime (one made on another test's would stop with it).
     client: kube::Client,
-    _one: MutexGuard<'static, ()>,
+    turn: Mutex<Option<Turn>>,
 }
 
-async fn setup(test: &str) -> Option<Scenario> {
+impl Scenario {
+    /// From now on, no other scenario runs until this one ends.
+    async fn alone(&self) {
+        let mut turn = self.turn.lock().await;
+        if let Some(Turn::Shared(_)) = *turn {
+            // The shared turn goes first, or the wait for the setup alone would never end.
+            *turn = None;
+            *turn = Some(Turn::Alone(SHARED.write().await));
+        }
+    }
+}
+
+async fn setup(test: &str, alone: bool) -> Option<Scenario> {
     if perago_e2e::node_opted_out(test) {
         return None;
     }
@@ -80,12 +100,16 @@ async fn setup(test: &str) -> Option<Scenario> {
             Setup { cluster, flux }
         })
         .await;
-    let one = ONE_AT_A_TIME.lock().await;
+    let turn = if alone {
+        Turn::Alone(SHARED.write().await)
+    } else {
+        Turn::Shared(SHARED.read().await)
+    };
     Some(Scenario {
         cluster: &setup.cluster,
         flux: &setup.flux,
         client: services.kube().client().await.unwrap(),
-        _one: one,
+        turn: Mutex::new(Some(turn)),
     })
 }
 
@@ -369,8 +393,11 @@ fn scale_operator(cluster: &Cluster, replicas: u32) {
 /// pruned, the others stay.
 #[tokio::test]
 async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() {
-    let Some(scenario) =
-        setup("a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git").await
+    let Some(scenario) = setup(
+        "a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git",
+        false,
+    )
+    .await
     else {
         return;
     };
@@ -538,8 +565,11 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
 /// the operator to come back and the task to be Ready.
 #[tokio::test]
 async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks() {
-    let Some(scenario) =
-        setup("with_the_operator_down_flux_waits_only_with_the_shipped_health_checks").await
+    let Some(scenario) = setup(
+        "with_the_operator_down_flux_waits_only_with_the_shipped_health_checks",
+        true,
+    )
+    .await
     else {
         return;
     };
@@ -818,8 +848,11 @@ async fn notify_once(task: &str, case: &str) {
 /// and the task runs on.
 #[tokio::test]
 async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
-    let Some(scenario) =
-        setup("bad_commits_and_a_lost_git_server_leave_the_running_task_alone").await
+    let Some(scenario) = setup(
+        "bad_commits_and_a_lost_git_server_leave_the_running_task_alone",
+        false,
+    )
+    .await
     else {
         return;
     };
@@ -1000,6 +1033,8 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
             .is_none();
         assert!(gone, "{sibling} is still there");
     }
+    // The other scenarios pull from the same Git server.
+    setup.alone().await;
     setup.flux.git.stop();
     let sources = Api::<DynamicObject>::namespaced_with(
         setup.client.clone(),
