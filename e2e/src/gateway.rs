@@ -31,8 +31,12 @@ pub struct Gateway {
 /// One request as the gateway logged it.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Request {
-    /// Seconds since the epoch, to the millisecond (`$msec`).
+    /// Seconds since the epoch, to the millisecond, when the request ended (`$msec`).
     pub time: f64,
+    /// How long it took, from its first byte (`$request_time`).
+    pub duration: f64,
+    /// The client's address (`$remote_addr`): on the node, the pod's.
+    pub client: String,
     pub port: u16,
     /// nginx's verdict on the client certificate: `SUCCESS`, `NONE`, `FAILED:<reason>`.
     pub verify: String,
@@ -42,6 +46,13 @@ pub struct Request {
     pub serial: String,
     pub status: u16,
     pub request: String,
+}
+
+impl Request {
+    /// When the request began, seconds since the epoch.
+    pub fn started(&self) -> f64 {
+        self.time - self.duration
+    }
 }
 
 impl Gateway {
@@ -190,7 +201,7 @@ fn config_text(
 pid {pid};
 events {{ worker_connections 1024; }}
 http {{
-  log_format gateway escape=json '{{"time":$msec,"port":$server_port,"verify":"$ssl_client_verify","subject":"$ssl_client_s_dn","serial":"$ssl_client_serial","status":$status,"request":"$request"}}';
+  log_format gateway escape=json '{{"time":$msec,"duration":$request_time,"client":"$remote_addr","port":$server_port,"verify":"$ssl_client_verify","subject":"$ssl_client_s_dn","serial":"$ssl_client_serial","status":$status,"request":"$request"}}';
   access_log {access_log} gateway;
   client_body_temp_path {temp}/body;
   proxy_temp_path {temp}/proxy;

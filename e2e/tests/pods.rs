@@ -1,7 +1,7 @@
 //! Executor pods on a real kubelet: the operator installed by Helm in the cluster once, and
 //! each test's PeragoTasks run by the pods the operator makes. The tests are grouped by what
-//! they show (`pods/publish.rs`, `failures.rs`, `scaling.rs`, `security.rs`, `operate.rs`);
-//! this file holds the cluster and the steps they share.
+//! they show (`pods/publish.rs`, `failures.rs`, `scaling.rs`, `security.rs`, `gateway.rs`,
+//! `operate.rs`); this file holds the cluster and the steps they share.
 
 #![allow(clippy::unwrap_used)]
 
@@ -21,6 +21,8 @@ use tokio::sync::OnceCell;
 
 #[path = "pods/failures.rs"]
 mod failures;
+#[path = "pods/gateway.rs"]
+mod gateway;
 #[path = "pods/operate.rs"]
 mod operate;
 #[path = "pods/publish.rs"]
@@ -58,6 +60,12 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
             // see its queue (the chart's default is 60 s).
             let mut values = vec!["--set".to_owned(), "resyncSeconds=10".to_owned()];
             values.extend(cluster.network_policy_values().unwrap());
+            // Tasks of `pods/gateway.rs` are on Conductor behind an authenticating gateway,
+            // where the operator registers them with a certificate of its own.
+            values.extend(gateway::operator_values(
+                &cluster,
+                gateway::rig(services).await,
+            ));
             let values: Vec<&str> = values.iter().map(String::as_str).collect();
             let took = cluster.install_operator(&values).unwrap();
             eprintln!("operator installed by helm and available in {took:.1?}");
