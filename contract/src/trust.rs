@@ -5,7 +5,9 @@
 //! while the process runs so that a renewed Secret is used without a restart (ADR 0036).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 pub use crate::identity::{ClientCertificate, FileSetting, IdentityFiles, identity_files};
@@ -171,11 +173,8 @@ impl TlsClient {
         self.state().certificate.clone()
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock()
     }
 
     fn reload(&self, files: &IdentityFiles, state: &mut State) {
