@@ -627,16 +627,23 @@ impl Node {
             Self::start_kubelet(dir, &home, pki, &containerd, &kubeconfig, disk_mib).await?;
         let proxy = Self::start_proxy(dir, &home, &kubeconfig).await?;
 
-        wait_for_api(Duration::from_secs(60), "the node to be Ready", || {
+        // The versions the node reports, so a run's log says which Kubernetes and runtime it ran.
+        let versions = wait_for_api(Duration::from_secs(60), "the node to be Ready", || {
             let client = client.clone();
             async move {
                 let nodes: kube::Api<NodeObject> = kube::Api::all(client);
-                let node = nodes.get_opt(NODE_NAME).await.ok().flatten()?;
-                node.status?
+                let status = nodes.get_opt(NODE_NAME).await.ok().flatten()?.status?;
+                let ready = status
                     .conditions?
                     .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-                    .then_some(())
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let info = status.node_info?;
+                ready.then(|| {
+                    format!(
+                        "kubelet {}, {}",
+                        info.kubelet_version, info.container_runtime_version
+                    )
+                })
             }
         })
         .await
@@ -655,7 +662,10 @@ impl Node {
         )
         .await
         .with_context(|| tail(&dir.join("kube-controller-manager.log")))?;
-        eprintln!("[e2e] node {NODE_NAME} Ready in {:.1?}", started.elapsed());
+        eprintln!(
+            "[e2e] node {NODE_NAME} Ready in {:.1?} ({versions})",
+            started.elapsed()
+        );
         let release = release.await?;
         Ok(Self {
             _controller_manager: controller_manager,
@@ -911,15 +921,15 @@ fn controller_manager_qps() -> Option<u32> {
         .and_then(|v| v.parse().ok())
 }
 
-async fn wait_for_api<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<()>
+async fn wait_for_api<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<()>>,
+    Fut: std::future::Future<Output = Option<T>>,
 {
     let started = Instant::now();
     loop {
-        if probe().await.is_some() {
-            return Ok(());
+        if let Some(value) = probe().await {
+            return Ok(value);
         }
         if started.elapsed() > limit {
             bail!("waited {limit:?} for {what}");
