@@ -258,13 +258,30 @@ pub fn body_lines(
     end_ms: i64,
 ) -> (Vec<usize>, BodyWindow) {
     let mut window = BodyWindow::new(task_id, end_ms);
-    let taken: Vec<usize> = lines
+    let mut taken: Vec<usize> = lines
         .iter()
         .enumerate()
         .filter(|(_, (at, text))| window.take(*at, text))
         .map(|(i, _)| i)
         .collect();
     if window.marked() {
+        // The runner writes its lines to stderr, the body mostly to stdout, and the runtime
+        // reads the two pipes apart: the body's first lines can reach the log before the
+        // runner's start line. Those just before it, after the runner's previous line and not
+        // older than the attempt in Conductor, are the attempt's.
+        let started = taken.first().copied().unwrap_or(0);
+        let early = lines[..started]
+            .iter()
+            .enumerate()
+            .rev()
+            .take_while(|(_, (at, text))| {
+                !text.starts_with(RUNNER)
+                    && start_ms > 0
+                    && at.is_some_and(|t| t.as_millisecond() >= start_ms)
+            })
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        taken.splice(0..0, early.into_iter().rev());
         return (taken, window);
     }
     let inside = |at: &Option<Timestamp>| {
@@ -871,6 +888,34 @@ mod tests {
         let (taken, window) = body_lines(&log, "t-2", 0, 0);
         assert_eq!(taken, [4, 5, 6, 7]);
         assert!(window.marked() && !window.shared);
+    }
+
+    #[test]
+    fn the_bodys_first_output_may_come_before_the_runners_start_line() {
+        let log = body(&[
+            (
+                "2026-12-06T18:00:00.900Z",
+                "perago-runner: execution e0 ended: exit status: 0",
+            ),
+            ("2026-12-06T18:00:00.950Z", "body: e0's last line"),
+            ("2026-12-06T18:00:01.013Z", "body: hello"),
+            ("2026-12-06T18:00:01.014Z", "body: token"),
+            (
+                "2026-12-06T18:00:01.023Z",
+                "perago-runner: slot 1: starting execution e1 (workflow w, task t-1, retry 0)",
+            ),
+            (
+                "2026-12-06T18:00:01.023Z",
+                "perago-runner: execution e1 ended: exit status: 0",
+            ),
+        ]);
+        // Conductor started the attempt at 18:00:01.000.
+        let start = at("2026-12-06T18:00:01.000Z").unwrap().as_millisecond();
+        let (taken, window) = body_lines(&log, "t-1", start, 0);
+        assert_eq!(taken, [2, 3, 4, 5]);
+        assert!(window.marked());
+        // Without the attempt's start in Conductor, nothing before the runner's line is taken.
+        assert_eq!(body_lines(&log, "t-1", 0, 0).0, [4, 5]);
     }
 
     #[test]
