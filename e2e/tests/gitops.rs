@@ -949,10 +949,11 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
             "A task whose image is absent",
         )
         .await;
+    // Flux names what it waited for, unless its deadline passed while its client waited for
+    // its own rate limiter: then it says only that (seen in a loaded run).
+    let named = message.contains("PeragoTask/") && message.contains("unpullable");
     assert!(
-        reason == "HealthCheckFailed"
-            && message.contains("PeragoTask/")
-            && message.contains("unpullable"),
+        reason == "HealthCheckFailed" && (named || message.contains("context deadline")),
         "{reason}: {message}"
     );
     untouched("an absent image");
