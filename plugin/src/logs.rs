@@ -614,13 +614,22 @@ async fn attempt_logs(
     let body = read(pods, pod, BODY, since, None)
         .await
         .map_err(|e| unreadable(e, &name, BODY, &ns))?;
-    let line = |container: &str, (at, text): &(Option<Timestamp>, String)| LogLine {
-        time: stamp(*at),
-        pod: name.clone(),
-        container: container.to_owned(),
-        task_id: Some(task_id.to_owned()),
-        text: text.clone(),
-        at: *at,
+    let line = |container: &str, (at, text): &(Option<Timestamp>, String)| {
+        // The sidecar's own time of a line, when it has one: the kubelet's is when the runtime
+        // read it, which under load trails by more than the body's lines do.
+        let at = if container == SIDECAR {
+            emitted(text).or(*at)
+        } else {
+            *at
+        };
+        LogLine {
+            time: stamp(at),
+            pod: name.clone(),
+            container: container.to_owned(),
+            task_id: Some(task_id.to_owned()),
+            text: text.clone(),
+            at,
+        }
     };
     let mut lines: Vec<LogLine> = sidecar
         .iter()
@@ -701,6 +710,17 @@ async fn attempt_logs(
         );
     }
     Ok(())
+}
+
+/// The `timestamp` of a sidecar's JSON log line.
+fn emitted(text: &str) -> Option<Timestamp> {
+    #[derive(Deserialize)]
+    struct Stamped {
+        timestamp: Timestamp,
+    }
+    serde_json::from_str::<Stamped>(text)
+        .ok()
+        .map(|s| s.timestamp)
 }
 
 fn pods_namespace(pod: &Pod) -> String {
@@ -888,6 +908,13 @@ mod tests {
         let (taken, window) = body_lines(&log, "t-2", 0, 0);
         assert_eq!(taken, [4, 5, 6, 7]);
         assert!(window.marked() && !window.shared);
+    }
+
+    #[test]
+    fn a_sidecar_line_carries_its_own_time() {
+        let line = r#"{"timestamp":"2026-12-07T00:07:58.412112Z","level":"INFO","message":"attempt started"}"#;
+        assert_eq!(emitted(line), at("2026-12-07T00:07:58.412112Z"));
+        assert_eq!(emitted("body: hello"), None);
     }
 
     #[test]

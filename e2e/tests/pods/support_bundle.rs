@@ -122,8 +122,10 @@ async fn logs_show_an_attempts_body_and_sidecar_lines_in_order() {
     let done = line_of(&lines, "body: done", 1);
     let published = line_of(&lines, "\"workspace published\"", 1);
     let reported = line_of(&lines, "\"attempt reported\"", 1);
+    // The body's lines carry the time the runtime read them, which under load may trail the
+    // sidecar's own publish and report: those two are not ordered against the body's.
     assert!(
-        start < hello && hello < done && done < published && published < reported,
+        start < hello && hello < done && start < published && published < reported,
         "not in order (start {start}, hello {hello}, done {done}, published {published}, \
          reported {reported}):\n{stdout}"
     );
