@@ -10,6 +10,7 @@ pub mod errors;
 #[cfg(feature = "tls")]
 pub mod identity;
 pub mod paths;
+pub mod pod_info;
 pub mod protocol;
 pub mod setting;
 pub mod spec;

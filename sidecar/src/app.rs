@@ -15,6 +15,7 @@ use crate::broker::{Broker, TaskRuntime};
 use crate::config::{LakeFsSettings, RuntimeSettings, Settings};
 use crate::execution;
 use crate::input::Schemas;
+use crate::lineage::{LineageSource, PodFacts};
 use crate::otlp::{self, Exporter};
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
@@ -58,6 +59,28 @@ pub fn read_contract(path: &Path) -> Result<TaskContract, StartError> {
         )));
     }
     Ok(contract)
+}
+
+/// The contract's text as read (its hash goes into each publication's lineage).
+fn contract_text(path: &Path) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path).map_err(|e| {
+        StartError(format!(
+            "reading the task contract {} failed: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// What the operator put into the pod for each publication's lineage.
+fn pod_facts(settings: &Settings) -> PodFacts {
+    PodFacts {
+        annotations: settings.pod_annotations.clone(),
+        task_namespace: settings.task_namespace.clone(),
+        task_name: settings.task_name.clone(),
+        task_uid: settings.task_uid.clone(),
+        task_generation: settings.task_generation,
+        body_image: settings.body_image.clone(),
+    }
 }
 
 /// Copy the `perago-runner` next to this binary to `to` (executable by every user of the pod).
@@ -175,7 +198,11 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
     };
     let runtime = match workspace {
         None => TaskRuntime::WorkspaceFree,
-        Some(parts) => parts.runtime(&contract.task_name, &conductor, &metrics),
+        Some(parts) => {
+            let lineage =
+                LineageSource::new(pod_facts(settings), &contract_text(&settings.contract)?);
+            parts.runtime(&contract.task_name, &conductor, &metrics, lineage)
+        }
     };
     let instance_id = checked.instance_id.clone();
     let broker = Arc::new(Broker {
@@ -315,6 +342,7 @@ impl WorkspaceParts {
         task_name: &str,
         conductor: &Arc<ConductorClient>,
         metrics: &Metrics,
+        lineage: LineageSource,
     ) -> TaskRuntime {
         let writable = !self.spec.read_only;
         let staging_sweep = self.sweep_period.filter(|_| writable).map(|period| {
@@ -335,6 +363,7 @@ impl WorkspaceParts {
             limits: self.limits,
             staging_sweep,
             hard_fence,
+            lineage,
         }))
     }
 }

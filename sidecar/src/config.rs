@@ -42,6 +42,25 @@ pub struct Settings {
     /// The pod's name (downward API); the host name when unset.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
+    /// The pod's annotations as a downward-API volume projects them: the body image id the
+    /// operator writes there goes into each publication's lineage (ADR 0042).
+    #[arg(long, env = "PERAGO_POD_ANNOTATIONS")]
+    pub pod_annotations: Option<PathBuf>,
+    /// The PeragoTask this pod runs, for each publication's lineage: its namespace, …
+    #[arg(long, env = "PERAGO_TASK_NAMESPACE")]
+    pub task_namespace: Option<String>,
+    /// … its name, …
+    #[arg(long, env = "PERAGO_TASK_NAME")]
+    pub task_name: Option<String>,
+    /// … its uid, …
+    #[arg(long, env = "PERAGO_TASK_UID")]
+    pub task_uid: Option<String>,
+    /// … and the generation of its spec that introduced this pod's template.
+    #[arg(long, env = "PERAGO_TASK_GENERATION")]
+    pub task_generation: Option<i64>,
+    /// The body image as the task names it.
+    #[arg(long, env = "PERAGO_BODY_IMAGE")]
+    pub body_image: Option<String>,
     /// Longest failure reason sent to Conductor, in characters.
     #[arg(long, env = "PERAGO_FAILURE_REASON_MAX_LENGTH", default_value = "500")]
     pub failure_reason_max_length: String,

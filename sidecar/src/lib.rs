@@ -8,6 +8,7 @@ pub mod execution;
 pub mod failure;
 pub mod http;
 pub mod input;
+pub mod lineage;
 pub mod otlp;
 pub mod outcome;
 pub mod pipeline;

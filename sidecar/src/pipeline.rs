@@ -479,7 +479,8 @@ impl Attempt<'_> {
                 .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
             return Err(StageError::from(e).into());
         }
-        let publication = Publication::of_attempt(self.snapshot, ws, prefix);
+        let publication =
+            Publication::of_attempt(self.snapshot, ws, prefix, rt.lineage.read().await);
         let commit = lakefs
             .commit(
                 &ws.repository,

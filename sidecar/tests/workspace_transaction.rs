@@ -276,6 +276,105 @@ async fn a_changed_workspace_is_published_with_complete_metadata() {
     }
 }
 
+/// Write the pod's annotations as the kubelet does into a downward-API volume: a new
+/// timestamped directory, `..data` switched to it, and `annotations` a link through `..data`.
+fn project_annotations(dir: &std::path::Path, lines: &str, generation: u32) {
+    let fresh = dir.join(format!("..2026_12_07_{generation}"));
+    std::fs::create_dir_all(&fresh).unwrap();
+    std::fs::write(fresh.join("annotations"), lines).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(fresh.file_name().unwrap(), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    let link = dir.join("annotations");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("..data/annotations", &link).unwrap();
+    }
+}
+
+/// Each publication names the code that produced it: the task, its generation, the contract
+/// and the sidecar from the pod's settings, and the body image id from the pod's annotations
+/// as the kubelet projects them, read at each publication: pending before the operator has
+/// written it, then the digest, with no restart of the sidecar.
+#[tokio::test]
+async fn publications_carry_the_lineage_the_pod_annotations_give() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-lineage", &[("a.txt", "a")]).await;
+    let projected = tempfile::tempdir().unwrap();
+    let annotations = projected.path().join("annotations");
+    let body = format!("date +%s%N > \"$PERAGO_WORKSPACE/run.txt\"\n{COUNT_FILES}\n");
+    let (api, pod) = task_pod_with(
+        "ws.lineage",
+        "{prefix: /}",
+        "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}",
+        &body,
+        &[
+            ("PERAGO_POD_ANNOTATIONS", annotations.to_str().unwrap()),
+            ("PERAGO_TASK_NAMESPACE", "team"),
+            ("PERAGO_TASK_NAME", "lineage"),
+            ("PERAGO_TASK_UID", "0b5e-uid"),
+            ("PERAGO_TASK_GENERATION", "4"),
+            ("PERAGO_BODY_IMAGE", "registry.local:5000/body:1"),
+        ],
+    )
+    .await;
+    let contract = std::fs::read(pod.path("contract.json")).unwrap();
+    let contract_hash = perago_workspace::publication::contract_hash(&contract);
+
+    let wf = run_on(&api, "ws.lineage", "pending", &repo, &input).await;
+    assert_eq!(only_task(&wf)["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let first = lake.head(&repo).await;
+    let m = lake
+        .client
+        .get_commit(&repo, &first)
+        .await
+        .unwrap()
+        .metadata;
+    for (key, value) in [
+        ("perago.body_image_id", ""),
+        ("perago.body_image", "registry.local:5000/body:1"),
+        ("perago.peragotask_namespace", "team"),
+        ("perago.peragotask_name", "lineage"),
+        ("perago.peragotask_uid", "0b5e-uid"),
+        ("perago.peragotask_generation", "4"),
+        ("perago.contract_hash", contract_hash.as_str()),
+        ("perago.sidecar_version", env!("CARGO_PKG_VERSION")),
+        ("perago.task_def_name", "ws.lineage"),
+    ] {
+        assert_eq!(m.get(key).map(String::as_str), Some(value), "{key}: {m:?}");
+    }
+
+    let image_id = "registry.local:5000/body@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    project_annotations(
+        projected.path(),
+        &format!(
+            "kubectl.kubernetes.io/default-container=\"body\"\nperago.io/body-image-id=\"{image_id}\"\nperago.io/contract-hash=\"{contract_hash}\""
+        ),
+        1,
+    );
+    let wf = run_on(&api, "ws.lineage", "known", &repo, &first).await;
+    assert_eq!(only_task(&wf)["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let head = lake.head(&repo).await;
+    let confirm = lake.client.get_commit(&repo, &head).await.unwrap();
+    assert_eq!(confirm.metadata["perago.body_image_id"], image_id);
+    let try_commit = lake
+        .client
+        .get_commit(&repo, &confirm.metadata["perago.staging_commit"])
+        .await
+        .unwrap();
+    assert_eq!(
+        try_commit.metadata["perago.body_image_id"], image_id,
+        "the try commit carries the same lineage"
+    );
+    let publication =
+        perago_workspace::publication::Publication::from_metadata(&confirm.metadata).unwrap();
+    assert_eq!(
+        publication.lineage.body_digest(),
+        Some("sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
+    );
+    assert_eq!(publication.lineage.task_generation, Some(4));
+}
+
 #[tokio::test]
 async fn read_only_and_unchanged_workspaces_complete_with_the_input_ref_and_write_nothing() {
     let lake = Lake::new().await;

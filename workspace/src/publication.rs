@@ -31,6 +31,19 @@ pub enum Key {
     ExpectedHead,
     /// Empty when the publication replaced nothing.
     Supersedes,
+    /// The body image as the pod spec names it (a tag may have moved since).
+    BodyImage,
+    /// The body image as it ran: the kubelet's `imageID` (with its digest). Empty while the
+    /// pod's annotation has not reached the sidecar yet.
+    BodyImageId,
+    PeragoTaskNamespace,
+    PeragoTaskName,
+    PeragoTaskUid,
+    /// The PeragoTask generation whose spec introduced the pod template that ran.
+    PeragoTaskGeneration,
+    /// The hash of the task contract the sidecar ran (the pod's `perago.io/contract-hash`).
+    ContractHash,
+    SidecarVersion,
 }
 
 impl Key {
@@ -69,6 +82,14 @@ impl Key {
             Key::StagingCommit => "perago.staging_commit",
             Key::ExpectedHead => "perago.expected_head",
             Key::Supersedes => "perago.supersedes",
+            Key::BodyImage => "perago.body_image",
+            Key::BodyImageId => "perago.body_image_id",
+            Key::PeragoTaskNamespace => "perago.peragotask_namespace",
+            Key::PeragoTaskName => "perago.peragotask_name",
+            Key::PeragoTaskUid => "perago.peragotask_uid",
+            Key::PeragoTaskGeneration => "perago.peragotask_generation",
+            Key::ContractHash => "perago.contract_hash",
+            Key::SidecarVersion => "perago.sidecar_version",
         }
     }
 
@@ -126,8 +147,118 @@ pub struct Publication {
     pub task_id: String,
     pub retry_count: i64,
     pub retried_task_id: Option<String>,
+    /// Which code produced the publication; on both commits.
+    pub lineage: Lineage,
     /// Set on the confirm commit.
     pub confirm: Option<Confirmation>,
+}
+
+/// Which code produced a publication: the body image as it ran, the PeragoTask and the
+/// generation of its spec, the contract and the sidecar. `None` is a fact the writer did not
+/// know (its key is absent); every one is `None` on the commits of Python Perago.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lineage {
+    /// The body image as the pod spec names it, tag and all.
+    pub body_image: Option<String>,
+    /// The kubelet's `imageID` of the body container: the digest that ran. `Some("")` while
+    /// it is pending (the operator has not annotated the pod yet, or the kubelet has not
+    /// refreshed the sidecar's copy of the annotations).
+    pub body_image_id: Option<String>,
+    pub task_namespace: Option<String>,
+    pub task_name: Option<String>,
+    pub task_uid: Option<String>,
+    pub task_generation: Option<i64>,
+    pub contract_hash: Option<String>,
+    pub sidecar_version: Option<String>,
+}
+
+impl Lineage {
+    /// The digest part of the body's image id (`sha256:…`), when it has one.
+    pub fn body_digest(&self) -> Option<&str> {
+        image_digest(self.body_image_id.as_deref()?)
+    }
+
+    /// Whether the body image id is still pending (the writer knew lineage, not the id yet).
+    pub fn body_image_pending(&self) -> bool {
+        self.body_image_id.as_deref() == Some("")
+    }
+
+    /// `namespace/name` of the PeragoTask, when known.
+    pub fn task(&self) -> Option<String> {
+        match (&self.task_namespace, &self.task_name) {
+            (Some(ns), Some(name)) if !name.is_empty() => Some(if ns.is_empty() {
+                name.clone()
+            } else {
+                format!("{ns}/{name}")
+            }),
+            _ => None,
+        }
+    }
+
+    fn write(&self, put: &mut impl FnMut(Key, String)) {
+        let texts = [
+            (Key::BodyImage, &self.body_image),
+            (Key::BodyImageId, &self.body_image_id),
+            (Key::PeragoTaskNamespace, &self.task_namespace),
+            (Key::PeragoTaskName, &self.task_name),
+            (Key::PeragoTaskUid, &self.task_uid),
+            (Key::ContractHash, &self.contract_hash),
+            (Key::SidecarVersion, &self.sidecar_version),
+        ];
+        for (k, v) in texts {
+            if let Some(v) = v {
+                put(k, v.clone());
+            }
+        }
+        if let Some(g) = self.task_generation {
+            put(Key::PeragoTaskGeneration, g.to_string());
+        }
+    }
+
+    fn read(metadata: &BTreeMap<String, String>) -> Result<Self, MetadataError> {
+        let text = |k: Key| k.get(metadata).map(str::to_owned);
+        let task_generation = match Key::PeragoTaskGeneration.get(metadata) {
+            None => None,
+            Some(v) => Some(v.parse().map_err(|_| MetadataError::NotANumber {
+                key: Key::PeragoTaskGeneration,
+                value: v.to_owned(),
+            })?),
+        };
+        Ok(Self {
+            body_image: text(Key::BodyImage),
+            body_image_id: text(Key::BodyImageId),
+            task_namespace: text(Key::PeragoTaskNamespace),
+            task_name: text(Key::PeragoTaskName),
+            task_uid: text(Key::PeragoTaskUid),
+            task_generation,
+            contract_hash: text(Key::ContractHash),
+            sidecar_version: text(Key::SidecarVersion),
+        })
+    }
+}
+
+/// The hash of a task contract's text as publications and the operator's
+/// `perago.io/contract-hash` pod annotation spell it: the first 16 bytes of its SHA-256, in hex.
+pub fn contract_hash(text: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text)
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The digest in an image reference or image id: `sha256:…` after an `@`, or the whole id
+/// when it is a bare digest (an image the runtime knows by its configuration digest only).
+pub fn image_digest(image: &str) -> Option<&str> {
+    let digest = image.rsplit_once('@').map_or(image, |(_, d)| d);
+    let (algorithm, hex) = digest.split_once(':')?;
+    let hex_ok = !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit());
+    let algorithm_ok = !algorithm.is_empty()
+        && algorithm
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+._-".contains(c));
+    (hex_ok && algorithm_ok && !digest.contains('/')).then_some(digest)
 }
 
 /// What the confirm commit adds.
@@ -153,8 +284,14 @@ pub enum MetadataError {
 }
 
 impl Publication {
-    /// The try commit's metadata of attempt `a` publishing `prefix` of workspace `ws`.
-    pub fn of_attempt(a: &AttemptSnapshot, ws: &WorkspaceRef, prefix: &str) -> Self {
+    /// The try commit's metadata of attempt `a` publishing `prefix` of workspace `ws`, made
+    /// by the code `lineage` names.
+    pub fn of_attempt(
+        a: &AttemptSnapshot,
+        ws: &WorkspaceRef,
+        prefix: &str,
+        lineage: Lineage,
+    ) -> Self {
         Self {
             logical_task_key: a.logical_task_key(),
             workflow_instance_id: a.workflow_instance_id.clone(),
@@ -168,6 +305,7 @@ impl Publication {
             task_id: a.task_id.clone(),
             retry_count: a.retry_count,
             retried_task_id: a.retried_task_id.clone(),
+            lineage,
             confirm: None,
         }
     }
@@ -216,6 +354,7 @@ impl Publication {
             put(Key::ExpectedHead, c.expected_head.clone());
             put(Key::Supersedes, c.supersedes.clone().unwrap_or_default());
         }
+        self.lineage.write(&mut put);
         m
     }
 
@@ -250,6 +389,7 @@ impl Publication {
         if !missing.is_empty() {
             return Err(MetadataError::Missing(missing));
         }
+        let lineage = Lineage::read(metadata)?;
         let number = |k: Key, v: String| {
             v.parse()
                 .map_err(|_| MetadataError::NotANumber { key: k, value: v })
@@ -267,6 +407,7 @@ impl Publication {
             task_id,
             retry_count: number(Key::RetryCount, retry_count)?,
             retried_task_id: Some(retried_task_id).filter(|s| !s.is_empty()),
+            lineage,
             confirm,
         })
     }
@@ -293,7 +434,7 @@ mod tests {
             &json!({"repository": "r", "branch": "main", "refType": "commit", "ref": "A"}),
         )
         .unwrap();
-        let tried = Publication::of_attempt(&attempt(), &ws, "data");
+        let tried = Publication::of_attempt(&attempt(), &ws, "data", Lineage::default());
         let t = tried.to_metadata();
         let c = tried
             .confirmed(Confirmation {
@@ -356,12 +497,96 @@ mod tests {
             &json!({"repository": "r", "branch": "main", "refType": "commit", "ref": "A"}),
         )
         .unwrap();
-        let mut m = Publication::of_attempt(&attempt(), &ws, "").to_metadata();
+        let mut m = Publication::of_attempt(&attempt(), &ws, "", Lineage::default()).to_metadata();
         m.insert("perago.seq".into(), "two".into());
         assert_eq!(
             Publication::from_metadata(&m).unwrap_err().to_string(),
             "publication metadata seq is not a number: \"two\""
         );
+    }
+
+    /// Lineage adds its keys beside the Python-compatible ones, only those it knows, and a
+    /// pending image id is written empty.
+    #[test]
+    fn lineage_is_written_beside_the_python_keys_and_read_back() {
+        let ws = WorkspaceRef::parse(
+            &json!({"repository": "r", "branch": "main", "refType": "commit", "ref": "A"}),
+        )
+        .unwrap();
+        let python = Publication::of_attempt(&attempt(), &ws, "data", Lineage::default());
+        let lineage = Lineage {
+            body_image: Some("registry.local/body:1".into()),
+            body_image_id: Some("registry.local/body@sha256:0a1b".into()),
+            task_namespace: Some("team".into()),
+            task_name: Some("t".into()),
+            task_uid: Some("5f0c".into()),
+            task_generation: Some(7),
+            contract_hash: Some("c0ffee".into()),
+            sidecar_version: Some("0.1.0".into()),
+        };
+        let ours = Publication::of_attempt(&attempt(), &ws, "data", lineage.clone()).to_metadata();
+        let mut added: Vec<(&str, &str)> = ours
+            .iter()
+            .filter(|(k, _)| !python.to_metadata().contains_key(*k))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        added.sort();
+        assert_eq!(
+            added,
+            [
+                ("perago.body_image", "registry.local/body:1"),
+                ("perago.body_image_id", "registry.local/body@sha256:0a1b"),
+                ("perago.contract_hash", "c0ffee"),
+                ("perago.peragotask_generation", "7"),
+                ("perago.peragotask_name", "t"),
+                ("perago.peragotask_namespace", "team"),
+                ("perago.peragotask_uid", "5f0c"),
+                ("perago.sidecar_version", "0.1.0"),
+            ]
+        );
+        for (k, v) in python.to_metadata() {
+            assert_eq!(ours[&k], v, "{k} keeps its value");
+        }
+        let back = Publication::from_metadata(&ours).unwrap();
+        assert_eq!(back.lineage, lineage);
+        assert_eq!(back.lineage.body_digest(), Some("sha256:0a1b"));
+        assert_eq!(back.lineage.task().as_deref(), Some("team/t"));
+        assert_eq!(
+            Publication::from_metadata(&python.to_metadata())
+                .unwrap()
+                .lineage,
+            Lineage::default(),
+            "a Python commit has no lineage"
+        );
+        let pending = Lineage {
+            body_image_id: Some(String::new()),
+            ..Lineage::default()
+        };
+        let m = Publication::of_attempt(&attempt(), &ws, "data", pending).to_metadata();
+        assert_eq!(m["perago.body_image_id"], "");
+        let back = Publication::from_metadata(&m).unwrap().lineage;
+        assert!(back.body_image_pending());
+        assert_eq!(back.body_digest(), None);
+        let mut bad = ours.clone();
+        bad.insert("perago.peragotask_generation".into(), "x".into());
+        assert_eq!(
+            Publication::from_metadata(&bad).unwrap_err().to_string(),
+            "publication metadata peragotask_generation is not a number: \"x\""
+        );
+    }
+
+    #[test]
+    fn image_digests_are_found_in_ids_and_references() {
+        let d = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        assert_eq!(
+            image_digest(&format!("registry.local:5000/body@{d}")),
+            Some(d)
+        );
+        assert_eq!(image_digest(d), Some(d));
+        assert_eq!(image_digest("registry.local:5000/body:1"), None);
+        assert_eq!(image_digest("body"), None);
+        assert_eq!(image_digest("docker.io/library/body@sha256:"), None);
+        assert_eq!(image_digest(""), None);
     }
 
     fn optional() -> impl Strategy<Value = Option<String>> {
@@ -377,11 +602,30 @@ mod tests {
         }
     }
 
+    fn maybe() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(".{0,40}")
+    }
+
+    prop_compose! {
+        fn lineage()(
+            body_image in maybe(), body_image_id in maybe(), task_namespace in maybe(),
+            task_name in maybe(), task_uid in maybe(),
+            task_generation in proptest::option::of(any::<i64>()),
+            contract_hash in maybe(), sidecar_version in maybe(),
+        ) -> Lineage {
+            Lineage {
+                body_image, body_image_id, task_namespace, task_name, task_uid,
+                task_generation, contract_hash, sidecar_version,
+            }
+        }
+    }
+
     prop_compose! {
         fn publication()(
             texts in proptest::collection::vec(".{0,40}", 9),
             numbers in proptest::array::uniform3(any::<i64>()),
             retried_task_id in optional(),
+            lineage in lineage(),
             confirm in proptest::option::of(confirmation()),
         ) -> Publication {
             let [seq, iteration, retry_count] = numbers;
@@ -391,7 +635,7 @@ mod tests {
                 logical_task_key: text(), workflow_instance_id: text(), task_def_name: text(),
                 reference_task_name: text(), seq, iteration, input_ref: text(),
                 target_branch: text(), prefix: text(), task_id: text(), retry_count,
-                retried_task_id, confirm,
+                retried_task_id, lineage, confirm,
             }
         }
     }

@@ -25,6 +25,8 @@ pub struct WorkspaceRuntime {
     pub staging_sweep: Option<Arc<janitor::StagingSweep>>,
     /// Writable tasks: told each target branch an attempt publishes to.
     pub hard_fence: Option<Arc<hard_fence::HardFenceWatch>>,
+    /// Which code produced each publication.
+    pub lineage: crate::lineage::LineageSource,
 }
 
 /// Limits of the lakeFS transfers of an attempt.
