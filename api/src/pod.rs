@@ -36,6 +36,13 @@ pub const CA_DIR: &str = "/etc/perago-ca";
 pub const CONDUCTOR_CLIENT_CERT_VOLUME: &str = "perago-conductor-client-cert";
 pub const LAKEFS_CLIENT_CERT_VOLUME: &str = "perago-lakefs-client-cert";
 pub const CLIENT_CERT_DIR: &str = "/etc/perago-client-cert";
+/// The pod's own annotations as a downward-API volume projects them, mounted into the
+/// sidecar under [`POD_INFO_DIR`] (workspace tasks): the body image id the operator writes
+/// there goes into each publication's lineage.
+pub const POD_INFO_VOLUME: &str = "perago-pod-info";
+pub use perago_contract::pod_info::{
+    ANNOTATIONS_DIR as POD_INFO_DIR, ANNOTATIONS_FILE, BODY_IMAGE_ID_ANNOTATION,
+};
 /// The label every object of a task carries; the Deployment selects its pods by it.
 pub const TASK_LABEL: &str = "perago.io/task";
 pub const CONTRACT_HASH_ANNOTATION: &str = "perago.io/contract-hash";
@@ -169,6 +176,7 @@ fn check_volumes(parts: &PodParts) -> Result<(), FieldError> {
         LAKEFS_CA_VOLUME,
         CONDUCTOR_CLIENT_CERT_VOLUME,
         LAKEFS_CLIENT_CERT_VOLUME,
+        POD_INFO_VOLUME,
     ];
     let mut names = Vec::new();
     for (i, volume) in parts.volumes.iter().enumerate() {

@@ -365,7 +365,12 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
         // Before the Deployment, so that new pods start already bound by it.
         keep_network_policy(ctx, &ns, &task).await?;
-        let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+        let mut deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+        let live = ObjectRef::new(&render::object_name(&task)).within(&ns);
+        crate::lineage::pin_generation(
+            &mut deployment,
+            ctx.owned.deployments.get(&live).as_deref(),
+        );
         apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await
     };
     let applied = match applied.await {

@@ -11,6 +11,7 @@ pub mod context;
 pub mod controller;
 pub mod events;
 pub mod leadership;
+pub mod lineage;
 pub mod owned;
 pub mod pods;
 pub mod queues;

@@ -258,7 +258,15 @@ impl Writers {
                 .zip(self.pods)
                 .map(|(api, writer)| reflected(api, writer, trim_pod)),
         )
-        .for_each(|_| std::future::ready(()));
+        .for_each({
+            let client = client.clone();
+            move |pod| {
+                if let Ok(pod) = pod {
+                    crate::lineage::annotate_body_image_id(&client, &pod);
+                }
+                std::future::ready(())
+            }
+        });
         let deployments = (self.scope.apis(client).into_iter().zip(self.deployments))
             .map(|(api, writer)| reflected(api, writer, |d: &mut Deployment| d.spec = None));
         let config_maps =
@@ -286,7 +294,8 @@ impl Writers {
 
 /// A pod as the reconcile reads it (its busy slots, its deletion cost, why it cannot start):
 /// name, labels, the deletion-cost annotation, whether it is going; of its status the phase,
-/// IP, `Ready` and `PodScheduled` conditions and its containers' states. The rest (spec,
+/// IP, `Ready` and `PodScheduled` conditions and its containers' states; for its lineage, the
+/// body's image id and the annotation that copies it. The rest (spec,
 /// owners, images, IPs, times, other annotations) is never read, and at thousands of pods it
 /// would be most of what the store holds (docs/scale.md).
 fn trim_pod(pod: &mut Pod) {
@@ -297,7 +306,9 @@ fn trim_pod(pod: &mut Pod) {
     meta.finalizers = None;
     meta.creation_timestamp = None;
     if let Some(annotations) = &mut meta.annotations {
-        annotations.retain(|key, _| key == crate::scaler::DELETION_COST);
+        annotations.retain(|key, _| {
+            key == crate::scaler::DELETION_COST || key == perago_api::pod::BODY_IMAGE_ID_ANNOTATION
+        });
     }
     let Some(status) = &mut pod.status else {
         return;
@@ -321,7 +332,10 @@ fn trim_pod(pod: &mut Pod) {
         .chain(status.container_statuses.iter_mut().flatten());
     for c in containers {
         c.image = String::new();
-        c.image_id = String::new();
+        // The body's, for its pod's lineage annotation (crate::lineage).
+        if c.name != "body" {
+            c.image_id = String::new();
+        }
         c.container_id = None;
         c.allocated_resources = None;
         c.allocated_resources_status = None;
@@ -421,7 +435,8 @@ mod tests {
             "metadata": {
                 "name": "t-1", "namespace": "ns", "generateName": "t-",
                 "labels": {"perago.io/task": "t"},
-                "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1", "other": "x"},
+                "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1", "other": "x",
+                                "perago.io/body-image-id": "sha256:1"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "t-abc", "uid": "u"}],
                 "deletionTimestamp": "2026-01-01T00:00:00Z",
             },
@@ -464,7 +479,12 @@ mod tests {
         let annotations = trimmed.metadata.annotations.clone().unwrap();
         assert_eq!(
             annotations.keys().collect::<Vec<_>>(),
-            [crate::scaler::DELETION_COST]
+            [crate::scaler::DELETION_COST, "perago.io/body-image-id"]
+        );
+        assert_eq!(
+            crate::lineage::body_image_id(&trimmed),
+            Some("sha256:1"),
+            "the body's image id stays, for the pod's lineage annotation"
         );
         let status = trimmed.status.clone().unwrap();
         assert_eq!(status.phase.as_deref(), Some("Running"));

@@ -10,8 +10,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, EphemeralVolumeSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
+    DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    EphemeralVolumeSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
     PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
     SecretVolumeSource, SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
@@ -230,6 +231,7 @@ pub fn deployment(
     ]);
     let mut bundles = ca_bundles(task, contract);
     bundles.extend(client_certificates(task, contract));
+    bundles.extend(pod_info(task, contract));
     let mut volumes = volumes(task);
     volumes.extend(bundles.iter().map(|b| b.volume.clone()));
     volumes.extend(parts.volumes);
@@ -543,6 +545,62 @@ struct SidecarFiles {
     mount: VolumeMount,
     env: Vec<EnvVar>,
 }
+
+/// What a workspace task's sidecar writes into each publication's lineage (ADR 0042): the
+/// PeragoTask, the generation of its spec (pinned by the controller to the one that
+/// introduced this template, see `crate::lineage`), the body image as named, and the pod's
+/// annotations as the kubelet projects them, where the operator writes the body image id
+/// once the kubelet reports it.
+fn pod_info(task: &PeragoTask, contract: &TaskContract) -> Option<SidecarFiles> {
+    contract.workspace.as_ref()?;
+    let meta = &task.metadata;
+    let mut vars = vec![
+        env(
+            "PERAGO_POD_ANNOTATIONS",
+            format!("{}/{}", pod::POD_INFO_DIR, pod::ANNOTATIONS_FILE),
+        ),
+        env(
+            "PERAGO_TASK_NAMESPACE",
+            meta.namespace.clone().unwrap_or_default(),
+        ),
+        env("PERAGO_TASK_NAME", meta.name.clone().unwrap_or_default()),
+        env("PERAGO_BODY_IMAGE", task.spec.executor.body.image.clone()),
+    ];
+    // Offline renders have neither.
+    if let Some(uid) = &meta.uid {
+        vars.push(env("PERAGO_TASK_UID", uid.clone()));
+    }
+    if let Some(generation) = meta.generation {
+        vars.push(env(GENERATION_ENV, generation.to_string()));
+    }
+    Some(SidecarFiles {
+        volume: Volume {
+            name: pod::POD_INFO_VOLUME.into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: pod::ANNOTATIONS_FILE.into(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.annotations".into(),
+                        api_version: None,
+                    }),
+                    ..DownwardAPIVolumeFile::default()
+                }]),
+                ..DownwardAPIVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        mount: VolumeMount {
+            name: pod::POD_INFO_VOLUME.into(),
+            mount_path: pod::POD_INFO_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+        env: vars,
+    })
+}
+
+/// The sidecar's variable holding the PeragoTask generation.
+pub const GENERATION_ENV: &str = "PERAGO_TASK_GENERATION";
 
 /// The CA bundles of Conductor and (for workspace tasks) lakeFS that the task names. The key
 /// is optional in the volume: a missing one leaves the file absent, and the sidecar's start
@@ -1061,6 +1119,7 @@ mod tests {
                 "perago-lakefs-ca",
                 "perago-conductor-client-cert",
                 "perago-lakefs-client-cert",
+                "perago-pod-info",
                 "models"
             ],
             "the operator's volumes, then the template's"
