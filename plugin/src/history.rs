@@ -12,7 +12,7 @@ use serde::Serialize;
 use perago_conductor::ConductorClient;
 use perago_lakefs::{Commit, LakeFsClient};
 use perago_workspace::history::{Entry, examine};
-use perago_workspace::publication::Key;
+use perago_workspace::publication::{Key, Lineage};
 use perago_workspace::{hard_fence, janitor};
 
 use crate::Failure;
@@ -72,6 +72,10 @@ pub enum CommitView {
         supersedes: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         superseded_by: Option<String>,
+        /// Which code produced it; absent for a publication of Python Perago or of a sidecar
+        /// before lineage.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lineage: Option<Box<LineageView>>,
     },
     /// Any commit that is not a publication.
     Foreign {
@@ -80,6 +84,92 @@ pub enum CommitView {
         date: i64,
         message: String,
     },
+}
+
+/// Which code produced a publication, as its metadata says (ADR 0042).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LineageView {
+    /// `namespace/name` of the PeragoTask.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_uid: Option<String>,
+    /// The generation of the task's spec that introduced the pod template that ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The body image as the task named it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The body image as it ran (the kubelet's `imageID`); `pending` when the pod's
+    /// annotation had not reached the sidecar yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+    /// The digest of `image_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract_hash: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sidecar_version: Option<String>,
+}
+
+/// The PENDING word of an image id the sidecar did not know yet.
+pub const PENDING: &str = "pending";
+
+impl LineageView {
+    /// The lineage of `metadata`; `None` when it has none.
+    pub fn of(metadata: &BTreeMap<String, String>) -> Option<Self> {
+        let lineage = Lineage::from_metadata(metadata).unwrap_or_default();
+        (lineage != Lineage::default()).then(|| Self {
+            task: lineage.task(),
+            task_uid: lineage.task_uid.clone(),
+            generation: lineage.task_generation,
+            image: lineage.body_image.clone(),
+            image_id: if lineage.body_image_pending() {
+                Some(PENDING.to_owned())
+            } else {
+                lineage.body_image_id.clone()
+            },
+            digest: lineage.body_digest().map(str::to_owned),
+            contract_hash: lineage.contract_hash.clone(),
+            sidecar_version: lineage.sidecar_version.clone(),
+        })
+    }
+
+    /// One line: the image as it ran (or as named, while pending), the task and its
+    /// generation, the contract and the sidecar.
+    pub fn summary(&self) -> String {
+        let image = match (&self.image_id, &self.image) {
+            (Some(id), Some(named)) if id == PENDING => format!("{named} (digest pending)"),
+            (Some(id), _) => id.clone(),
+            (None, Some(named)) => named.clone(),
+            (None, None) => "image unknown".into(),
+        };
+        let mut parts = vec![image];
+        if let Some(task) = &self.task {
+            parts.push(match self.generation {
+                Some(g) => format!("PeragoTask {task} generation {g}"),
+                None => format!("PeragoTask {task}"),
+            });
+        }
+        if let Some(h) = &self.contract_hash {
+            parts.push(format!("contract {h}"));
+        }
+        if let Some(v) = &self.sidecar_version {
+            parts.push(format!("sidecar {v}"));
+        }
+        cell(&parts.join(", "), 300)
+    }
+
+    /// The body image in a table cell: its digest shortened (`sha256:9f86d081884c`),
+    /// `pending`, or the id as it stands when it holds no digest.
+    pub fn image_cell(&self) -> String {
+        match (&self.digest, &self.image_id) {
+            (Some(d), _) => d.chars().take(19).collect(),
+            (None, Some(id)) => cell(id, 24),
+            (None, None) => "-".into(),
+        }
+    }
 }
 
 pub async fn run(endpoints: &Endpoints, args: &HistoryArgs) -> Result<HistoryView, Failure> {
@@ -168,6 +258,7 @@ async fn view(
                 task_status,
                 supersedes,
                 superseded_by: None,
+                lineage: LineageView::of(&commit.metadata).map(Box::new),
             }
         }
     })
@@ -244,6 +335,7 @@ impl Table for HistoryView {
                     task_status,
                     supersedes,
                     superseded_by,
+                    lineage,
                     ..
                 } => vec![
                     short(id),
@@ -252,6 +344,13 @@ impl Table for HistoryView {
                     cell(step, 24),
                     cell(attempt, 7),
                     task_status.clone().unwrap_or_else(|| "-".into()),
+                    lineage
+                        .as_ref()
+                        .map_or_else(|| "-".into(), |l| l.image_cell()),
+                    lineage
+                        .as_ref()
+                        .and_then(|l| l.generation)
+                        .map_or_else(|| "-".into(), |g| g.to_string()),
                     match (supersedes, superseded_by) {
                         (_, Some(by)) => format!("superseded by {}", short(by)),
                         (Some(s), None) => format!("supersedes {}", short(s)),
@@ -270,13 +369,15 @@ impl Table for HistoryView {
                     String::new(),
                     String::new(),
                     String::new(),
+                    String::new(),
+                    String::new(),
                     cell(message, 60),
                 ],
             })
             .collect();
         out.push_str(&columns(
             &[
-                "COMMIT", "KIND", "WORKFLOW", "STEP", "ATTEMPT", "TASK", "NOTE",
+                "COMMIT", "KIND", "WORKFLOW", "STEP", "ATTEMPT", "TASK", "IMAGE", "GEN", "NOTE",
             ],
             &rows,
         ));
@@ -290,5 +391,99 @@ impl Table for HistoryView {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn lineage_reads_as_digest_pending_or_nothing() {
+        let known = LineageView::of(&metadata(&[
+            ("perago.body_image", "r/body:1"),
+            (
+                "perago.body_image_id",
+                "r/body@sha256:9f86d081884c7d659a2feaa0c55ad015",
+            ),
+            ("perago.peragotask_generation", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(known.image_cell(), "sha256:9f86d081884c");
+        assert_eq!(
+            known.digest.as_deref(),
+            Some("sha256:9f86d081884c7d659a2feaa0c55ad015")
+        );
+        let pending = LineageView::of(&metadata(&[
+            ("perago.body_image", "r/body:1"),
+            ("perago.body_image_id", ""),
+        ]))
+        .unwrap();
+        assert_eq!(pending.image_cell(), "pending");
+        assert_eq!(pending.summary(), "r/body:1 (digest pending)");
+        assert_eq!(
+            LineageView::of(&metadata(&[
+                ("perago.phase", "confirm"),
+                ("perago.seq", "1")
+            ])),
+            None,
+            "Python Perago's publications have none"
+        );
+    }
+
+    #[test]
+    fn the_table_has_the_image_and_generation_of_each_publication() {
+        let confirm = |id: &str, lineage| CommitView::Confirm {
+            id: id.into(),
+            workflow: "wf".into(),
+            step: "step".into(),
+            task_id: "t".into(),
+            attempt: "0".into(),
+            task_status: None,
+            supersedes: None,
+            superseded_by: None,
+            lineage,
+        };
+        let view = HistoryView {
+            repository: "r".into(),
+            branch: "main".into(),
+            head: "c1".into(),
+            hard_fence: HardFence {
+                installed: true,
+                action: Some("_lakefs_actions/perago.yaml".into()),
+            },
+            commits: vec![
+                confirm(
+                    "c1",
+                    LineageView::of(&metadata(&[
+                        ("perago.body_image_id", "sha256:00ff00ff00ff00ff00ff"),
+                        ("perago.peragotask_generation", "7"),
+                    ]))
+                    .map(Box::new),
+                ),
+                confirm("c0", None),
+            ],
+            truncated: false,
+            problems: vec![],
+        };
+        let table = view.table();
+        let lines: Vec<&str> = table.lines().skip(3).collect();
+        assert!(
+            lines[0].starts_with("COMMIT  KIND         WORKFLOW  STEP  ATTEMPT  TASK  IMAGE"),
+            "{table}"
+        );
+        assert!(lines[1].contains("sha256:00ff00ff00ff  7"), "{table}");
+        assert_eq!(
+            lines[2].split_whitespace().collect::<Vec<_>>(),
+            ["c0", "publication", "wf", "step", "0", "-", "-", "-"],
+            "a publication without lineage"
+        );
     }
 }

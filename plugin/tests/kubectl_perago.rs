@@ -87,6 +87,15 @@ async fn history_classifies_publications_supersessions_and_foreign_commits() {
     assert_eq!(commits[0]["id"], json!(top));
     assert_eq!(commits[0]["workflow"], json!(second));
     assert_eq!(commits[0]["task_status"], "COMPLETED");
+    // The sidecar names itself and its contract; a sidecar outside a pod has no image id.
+    let lineage = &commits[0]["lineage"];
+    assert_eq!(
+        lineage["sidecar_version"],
+        env!("CARGO_PKG_VERSION"),
+        "{view}"
+    );
+    assert_eq!(lineage["contract_hash"].as_str().map(str::len), Some(32));
+    assert_eq!(lineage.get("image_id"), None);
     assert_eq!(commits[1]["id"], json!(foreign));
     assert_eq!(commits[1]["message"], "nightly compaction");
     assert_eq!(commits[1]["committer"], "admin");

@@ -215,7 +215,8 @@ impl Lineage {
         }
     }
 
-    fn read(metadata: &BTreeMap<String, String>) -> Result<Self, MetadataError> {
+    /// The lineage `metadata` names; nothing is missing from a publication without it.
+    pub fn from_metadata(metadata: &BTreeMap<String, String>) -> Result<Self, MetadataError> {
         let text = |k: Key| k.get(metadata).map(str::to_owned);
         let task_generation = match Key::PeragoTaskGeneration.get(metadata) {
             None => None,
@@ -389,7 +390,7 @@ impl Publication {
         if !missing.is_empty() {
             return Err(MetadataError::Missing(missing));
         }
-        let lineage = Lineage::read(metadata)?;
+        let lineage = Lineage::from_metadata(metadata)?;
         let number = |k: Key, v: String| {
             v.parse()
                 .map_err(|_| MetadataError::NotANumber { key: k, value: v })

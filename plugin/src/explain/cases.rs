@@ -42,6 +42,7 @@ pub(super) fn attempt(retry: i64, status: TaskStatus) -> Attempt {
             confirm: None,
             superseded_by: None,
         }),
+        lineage: None,
         note: None,
         facts: Facts {
             branch: "main".into(),

@@ -113,6 +113,9 @@ impl Table for ExplainView {
                     };
                     out.push_str(&format!("    confirm  {found} ({how})\n"));
                 }
+                if let Some(l) = &a.lineage {
+                    out.push_str(&format!("    code     {}\n", l.summary()));
+                }
                 if let Some(n) = &a.note {
                     out.push_str(&format!("    lakeFS   {}\n", cell(n, 300)));
                 }
@@ -144,6 +147,50 @@ mod tests {
             task_type: "kx.task".into(),
             attempts: judged(attempts),
         }
+    }
+
+    /// An attempt's publication names the code that produced it on a line of its own.
+    #[test]
+    fn the_code_of_a_publication_is_shown() {
+        let mut published = attempt(0, TaskStatus::Completed)
+            .confirm(C, INPUT, "")
+            .output(C);
+        let metadata = std::collections::BTreeMap::from(
+            [
+                ("perago.phase", "confirm"),
+                ("perago.body_image", "registry.local/body:1"),
+                (
+                    "perago.body_image_id",
+                    "registry.local/body@sha256:9f86d081884c7d65",
+                ),
+                ("perago.peragotask_namespace", "team"),
+                ("perago.peragotask_name", "build"),
+                ("perago.peragotask_generation", "4"),
+                ("perago.contract_hash", "c0ffee"),
+                ("perago.sidecar_version", "0.1.0"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        published.lineage = crate::history::LineageView::of(&metadata);
+        let view = ExplainView {
+            workflow_id: "wf".into(),
+            workflow_name: "kx.one".into(),
+            status: "COMPLETED".into(),
+            steps: vec![step("step", vec![published])],
+        };
+        let table = view.table();
+        assert!(
+            table.contains(
+                "    code     registry.local/body@sha256:9f86d081884c7d65, PeragoTask team/build \
+                 generation 4, contract c0ffee, sidecar 0.1.0\n"
+            ),
+            "{table}"
+        );
+        let json = render(&view, Format::Json).unwrap();
+        assert!(
+            json.contains(r#""digest": "sha256:9f86d081884c7d65""#),
+            "{json}"
+        );
     }
 
     /// Two steps: a publication nobody reported that its retry superseded; a failure that

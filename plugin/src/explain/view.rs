@@ -19,6 +19,7 @@ use perago_workspace::staging::{self, StagingBranch};
 use super::SEARCH_LIMIT;
 use super::decide::{Base, Verdict};
 use crate::Failure;
+use crate::history::LineageView;
 
 #[derive(Debug, Serialize)]
 pub struct ExplainView {
@@ -79,6 +80,10 @@ pub struct Attempt {
     /// Where the confirm commit was looked for, and what was found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub search: Option<SearchView>,
+    /// Which code produced the attempt's publication, as its confirm commit (else its try
+    /// commit) says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<LineageView>,
     /// What lakeFS could not tell (a repository, branch or commit it does not have).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -261,6 +266,7 @@ impl Reader<'_> {
             output_ref,
             staging: Vec::new(),
             search: None,
+            lineage: None,
             note: None,
             facts: Facts::default(),
         };
@@ -301,6 +307,9 @@ impl Reader<'_> {
                         Lookup::Found(head) => {
                             let is_try = Phase::of(&head.metadata) == Some(Phase::Try)
                                 && Key::TaskId.get(&head.metadata) == Some(task.task_id.as_str());
+                            if is_try && view.lineage.is_none() {
+                                view.lineage = LineageView::of(&head.metadata);
+                            }
                             view.staging.push(StagingView {
                                 branch: name.clone(),
                                 try_commit: is_try.then(|| head.id.clone()),
@@ -332,6 +341,9 @@ impl Reader<'_> {
                 });
                 view.facts.superseded_by =
                     superseded_by.map(|c| (c.id.clone(), meta(c, Key::RetryCount)));
+                if let Some(c) = confirm {
+                    view.lineage = LineageView::of(&c.metadata).or(view.lineage.take());
+                }
                 view.facts.confirm = confirm.map(|c| {
                     let on = Base::of(meta(c, Key::ExpectedHead), meta(c, Key::Supersedes));
                     (c.id.clone(), on)
