@@ -49,7 +49,12 @@ pub struct ConductorClient {
     credentials: Option<Credentials>,
     token: Mutex<Option<String>>,
     observer: Option<CallObserver>,
+    trace_context: Option<TraceContext>,
 }
+
+/// Gives the W3C `traceparent` of the caller's current trace, if any; sent as the
+/// `traceparent` header of every call.
+pub type TraceContext = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What a call is, for its errors and its observer.
 #[derive(Clone, Copy)]
@@ -118,7 +123,14 @@ impl ConductorClient {
             credentials,
             token: Mutex::new(None),
             observer: None,
+            trace_context: None,
         }
+    }
+
+    /// Send the `traceparent` `current` gives with every call.
+    pub fn with_trace_context(mut self, current: TraceContext) -> Self {
+        self.trace_context = Some(current);
+        self
     }
 
     /// Tell `observer` of every call.
@@ -146,6 +158,10 @@ impl ConductorClient {
         call: Call<'_>,
         request: reqwest::RequestBuilder,
     ) -> Result<(StatusCode, String), ConductorError> {
+        let request = match self.trace_context.as_ref().and_then(|current| current()) {
+            Some(traceparent) => request.header("traceparent", traceparent),
+            None => request,
+        };
         let answer = async {
             let response = request
                 .header("Accept", "*/*")

@@ -9,7 +9,8 @@ mod status;
 mod workflow;
 
 pub use client::{
-    CallObserver, CallOutcome, ConductorClient, answer, http_client, polled_tasks, queue_name,
+    CallObserver, CallOutcome, ConductorClient, TraceContext, answer, http_client, polled_tasks,
+    queue_name,
 };
 pub use error::{ConductorError, ErrorKind};
 pub use perago_contract::ConductorCredentials as Credentials;

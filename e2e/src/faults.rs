@@ -78,6 +78,8 @@ pub struct Seen {
     pub at: Instant,
     /// The fault applied, or `None` when it was forwarded untouched.
     pub fault: Option<String>,
+    /// The request's W3C `traceparent` header, when it had one.
+    pub traceparent: Option<String>,
 }
 
 struct Rule {
@@ -306,6 +308,7 @@ fn choose(
     path: &str,
     body: Option<&[u8]>,
     at: Instant,
+    traceparent: Option<String>,
 ) -> (Option<Fault>, Option<watch::Receiver<HoldState>>) {
     let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
     let mut chosen = None;
@@ -337,6 +340,7 @@ fn choose(
         path: path.to_owned(),
         at,
         fault: chosen.as_ref().map(Fault::name),
+        traceparent,
     });
     (chosen, hold)
 }
@@ -375,7 +379,12 @@ async fn exchange(
     } else {
         (None, Some(body))
     };
-    let (fault, hold) = choose(&state, &method, &path, buffered.as_deref(), at);
+    let traceparent = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (fault, hold) = choose(&state, &method, &path, buffered.as_deref(), at, traceparent);
     match &fault {
         Some(Fault::DropRequest) => return Err(Abort("dropped the request unsent")),
         Some(Fault::Status(code)) => {

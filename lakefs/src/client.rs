@@ -30,7 +30,13 @@ pub struct LakeFsClient {
     /// ([`direct`]); unset: every byte goes through lakeFS. Shared by the clones, so one
     /// decision, at start or later, holds for every part of the process.
     pub(crate) direct: Arc<OnceLock<direct::ObjectStoreHosts>>,
+    /// The W3C `traceparent` to send with each call, when the caller is in a trace.
+    trace_context: Option<TraceContext>,
 }
+
+/// Gives the W3C `traceparent` of the caller's current trace, if any; sent as the
+/// `traceparent` header of every lakeFS call (not of presigned object-store requests).
+pub type TraceContext = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl std::fmt::Debug for LakeFsClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,6 +113,7 @@ impl LakeFsClient {
             secret_access_key: secret_access_key.to_owned(),
             timeout,
             direct: Arc::default(),
+            trace_context: None,
         }
     }
 
@@ -136,11 +143,22 @@ impl LakeFsClient {
         path: &str,
         timeout: Duration,
     ) -> reqwest::RequestBuilder {
-        self.http
+        let request = self
+            .http
             .client()
             .request(method, format!("{}{path}", self.base))
             .basic_auth(&self.access_key_id, Some(&self.secret_access_key))
-            .timeout(timeout)
+            .timeout(timeout);
+        match self.trace_context.as_ref().and_then(|current| current()) {
+            Some(traceparent) => request.header("traceparent", traceparent),
+            None => request,
+        }
+    }
+
+    /// Send the `traceparent` `current` gives with every lakeFS call.
+    pub fn with_trace_context(mut self, current: TraceContext) -> Self {
+        self.trace_context = Some(current);
+        self
     }
 
     /// Send once; a failure status is lakeFS's refusal, with its message.

@@ -18,7 +18,7 @@ mod upload;
 pub use answer::{Commit, ObjectEntry};
 #[doc(hidden)] // public for the fuzz targets
 pub use answer::{MergeResult, ObjectError, ObjectErrorList, Ref, decode, error_message, page};
-pub use client::LakeFsClient;
+pub use client::{LakeFsClient, TraceContext};
 pub use error::{Call, ErrorKind, LakeFsError, REF_MAX, request_error};
 pub use merge::MergeOutcome;
 pub use retry::idempotent_call as retries;

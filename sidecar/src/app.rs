@@ -148,7 +148,8 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
             checked.credentials.clone(),
             checked.conductor_tls.clone(),
         )
-        .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?,
+        .map_err(|e| StartError(format!("building the Conductor client failed: {e}")))?
+        .with_trace_context(Arc::new(crate::trace::current_traceparent)),
     );
     let lakefs = workspace.as_ref().map(|parts| &parts.lakefs);
     let (task_def, lakefs) = tokio::join!(
@@ -267,7 +268,8 @@ fn workspace_parts(
         l.timeout,
         l.tls.clone(),
     )
-    .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?;
+    .map_err(|e| StartError(format!("building the lakeFS client failed: {e}")))?
+    .with_trace_context(Arc::new(crate::trace::current_traceparent));
     // A publish budget bounds the merge; otherwise the sidecar's default does.
     let merge_timeout = contract
         .publish_budget

@@ -255,7 +255,9 @@ impl Broker {
         trace.note_attempt("perago.task.id", &snapshot.task_id);
         trace.note_attempt("perago.task.reference_name", &snapshot.reference_task_name);
         trace.note_attempt("perago.attempt.retry_count", snapshot.retry_count);
-        async move {
+        // Its calls to Conductor and lakeFS send the attempt's root span as `traceparent`.
+        let traceparent = trace.root_traceparent();
+        let attempt = async move {
             let started = Instant::now();
             info!(phase = "start", reference_task_name = %snapshot.reference_task_name, "attempt started");
             let keeper = self.keep_lease(&snapshot);
@@ -279,8 +281,8 @@ impl Broker {
             }
             self.finish_trace(trace, status, reason);
         }
-        .instrument(span)
-        .await;
+        .instrument(span);
+        crate::trace::calls_traced(traceparent, attempt).await;
     }
 
     fn finish_trace(&self, trace: AttemptTrace, status: &str, reason: Option<&str>) {

@@ -295,6 +295,28 @@ pub struct TraceOutcome<'a> {
     pub reason: Option<&'a str>,
 }
 
+tokio::task_local! {
+    /// The `traceparent` of the attempt this task runs, for the calls it makes.
+    static ATTEMPT_TRACEPARENT: String;
+}
+
+/// The `traceparent` of the attempt the current task runs (its root span), if it is traced:
+/// what the Conductor and lakeFS clients send with each call of the attempt.
+pub fn current_traceparent() -> Option<String> {
+    ATTEMPT_TRACEPARENT.try_with(Clone::clone).ok()
+}
+
+/// Run `attempt` with `traceparent` as the one its calls send (none: they send none).
+pub async fn calls_traced<F: std::future::Future>(
+    traceparent: Option<String>,
+    attempt: F,
+) -> F::Output {
+    match traceparent {
+        Some(t) => ATTEMPT_TRACEPARENT.scope(t, attempt).await,
+        None => attempt.await,
+    }
+}
+
 /// One attempt's timeline; disabled (every call returns at once) when tracing is off.
 pub struct AttemptTrace(Option<Mutex<Timeline>>);
 
@@ -395,6 +417,11 @@ fn parse_traceparent(value: &str) -> Option<(Vec<u8>, Vec<u8>)> {
 fn random_id(bytes: usize) -> Vec<u8> {
     // A version-4 UUID is 122 random bits; a span id takes 8 of its bytes.
     uuid::Uuid::new_v4().as_bytes()[16 - bytes..].to_vec()
+}
+
+/// A W3C version-00 `traceparent`, sampled.
+fn traceparent(trace_id: &[u8], span_id: &[u8]) -> String {
+    format!("00-{}-{}-01", hex(trace_id), hex(span_id))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -553,12 +580,19 @@ impl AttemptTrace {
         });
     }
 
+    /// The W3C `traceparent` of the attempt's root span, for the calls the attempt makes.
+    pub fn root_traceparent(&self) -> Option<String> {
+        let timeline = self.0.as_ref()?;
+        let t = timeline.lock();
+        Some(traceparent(&t.trace_id, &t.root.span_id))
+    }
+
     /// The W3C `traceparent` of the current phase, for the body to continue the trace.
     pub fn traceparent(&self) -> Option<String> {
         let timeline = self.0.as_ref()?;
         let t = timeline.lock();
         let span = t.open.as_ref()?;
-        Some(format!("00-{}-{}-01", hex(&t.trace_id), hex(&span.span_id)))
+        Some(traceparent(&t.trace_id, &span.span_id))
     }
 
     /// End the attempt now: the root span last, with the outcome.
@@ -740,6 +774,57 @@ mod tests {
         assert_eq!(spans[3].status, None);
         assert_eq!(root.status.as_ref().unwrap().message, "FAILED: body_exited");
         assert_eq!(spans[0].kind, span::SpanKind::Client as i32);
+    }
+
+    /// The calls of a traced attempt send its root span as their `traceparent`; calls made
+    /// outside an attempt, or by an attempt that is not traced, send none.
+    #[tokio::test]
+    async fn an_attempts_calls_carry_its_root_span() {
+        let polled = SystemTime::now();
+        let run = RunTrace::of(&serde_json::json!({
+            "workflowInstanceId": "8c1c5f0e-3f6e-4f0a-9d61-2b7c1f9a0b42",
+        }));
+        let trace = AttemptTrace::started((polled, polled), "t", run);
+        trace.mark("body");
+        let root = trace.root_traceparent().unwrap();
+        assert!(
+            root.starts_with("00-8c1c5f0e3f6e4f0a9d612b7c1f9a0b42-") && root.ends_with("-01"),
+            "{root}"
+        );
+        assert_eq!(
+            parse_traceparent(&root).map(|(t, _)| hex(&t)).as_deref(),
+            Some("8c1c5f0e3f6e4f0a9d612b7c1f9a0b42")
+        );
+        assert_ne!(
+            Some(&root),
+            trace.traceparent().as_ref(),
+            "the root, not the phase"
+        );
+        assert_eq!(current_traceparent(), None);
+        let seen = calls_traced(trace.root_traceparent(), async {
+            tokio::task::yield_now().await;
+            current_traceparent()
+        })
+        .await;
+        assert_eq!(seen.as_deref(), Some(root.as_str()));
+        assert_eq!(
+            calls_traced(AttemptTrace::off().root_traceparent(), async {
+                current_traceparent()
+            })
+            .await,
+            None
+        );
+        let spans = trace
+            .into_spans(&TraceOutcome {
+                status: "COMPLETED",
+                reason: None,
+            })
+            .unwrap();
+        let attempt = spans.last().unwrap();
+        assert_eq!(
+            root,
+            format!("00-{}-{}-01", hex(&attempt.trace_id), hex(&attempt.span_id))
+        );
     }
 
     #[test]

@@ -375,6 +375,80 @@ async fn publications_carry_the_lineage_the_pod_annotations_give() {
     assert_eq!(publication.lineage.task_generation, Some(4));
 }
 
+/// With tracing on, the calls an attempt makes to lakeFS and Conductor carry its trace as a
+/// W3C `traceparent` (its root span, in its workflow run's trace, ADR 0041); the polls, made
+/// for no attempt, carry none. Both servers ignore it: the attempt publishes as ever.
+#[tokio::test]
+async fn an_attempts_calls_to_lakefs_and_conductor_carry_its_traceparent() {
+    let lake = Lake::new().await;
+    let (repo, input) = lake.repository("ws-traced", &[("a.txt", "a")]).await;
+    let conductor_url = services().await.conductor().api_url.clone();
+    let conductor = perago_e2e::faults::FaultProxy::start(&conductor_url)
+        .await
+        .unwrap();
+    let lakefs = perago_e2e::faults::FaultProxy::start(&lake.endpoint)
+        .await
+        .unwrap();
+    // Nothing listens there: the exports fail and are counted, the attempts are not held up.
+    let dead = format!(
+        "http://127.0.0.1:{}/v1/traces",
+        perago_e2e::process::free_port().unwrap()
+    );
+    let (api, pod) = task_pod_with(
+        "ws.traced",
+        "{prefix: /}",
+        "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}",
+        &format!("echo x > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"),
+        &[
+            ("CONDUCTOR_SERVER_URL", conductor.url.as_str()),
+            ("LAKECTL_SERVER_ENDPOINT_URL", lakefs.url.as_str()),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", dead.as_str()),
+        ],
+    )
+    .await;
+    let wf = run_on(&api, "ws.traced", "traced", &repo, &input).await;
+    assert_eq!(only_task(&wf)["status"], "COMPLETED", "{wf}\n{}", pod.log());
+    let trace_id = wf["workflowId"].as_str().unwrap().replace('-', "");
+    let traced = |seen: Vec<perago_e2e::faults::Seen>, what: &str| -> Vec<String> {
+        let mut paths = Vec::new();
+        for s in seen {
+            if let Some(t) = &s.traceparent {
+                let parts: Vec<&str> = t.split('-').collect();
+                assert_eq!(parts.len(), 4, "{what} {} {}: {t}", s.method, s.path);
+                assert_eq!(
+                    (parts[0], parts[1], parts[3]),
+                    ("00", trace_id.as_str(), "01"),
+                    "{what} {} {}: the attempt's trace",
+                    s.method,
+                    s.path
+                );
+                paths.push(format!("{} {}", s.method, s.path));
+            }
+        }
+        paths
+    };
+    let lakefs_calls = traced(lakefs.seen(), "lakeFS");
+    for call in ["/commits", "/merge/"] {
+        assert!(
+            lakefs_calls.iter().any(|p| p.contains(call)),
+            "a lakeFS call to {call} with the attempt's traceparent: {lakefs_calls:?}"
+        );
+    }
+    let conductor_seen = conductor.seen();
+    let polls: Vec<_> = conductor_seen
+        .iter()
+        .filter(|s| s.path.contains("/tasks/poll"))
+        .collect();
+    assert!(!polls.is_empty() && polls.iter().all(|s| s.traceparent.is_none()));
+    let conductor_calls = traced(conductor_seen, "Conductor");
+    assert!(
+        conductor_calls
+            .iter()
+            .any(|p| p.starts_with("POST") && p.ends_with("/tasks")),
+        "the report carries it: {conductor_calls:?}"
+    );
+}
+
 #[tokio::test]
 async fn read_only_and_unchanged_workspaces_complete_with_the_input_ref_and_write_nothing() {
     let lake = Lake::new().await;
