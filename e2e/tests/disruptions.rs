@@ -354,7 +354,8 @@ async fn through_an_api_server_outage_executor_pods_work_and_the_operator_conver
 
 /// containerd killed and started again, then the kubelet, while attempts run: the containers
 /// keep running through both (their shims outlive containerd), no attempt fails, and every
-/// workflow completes with its one publication.
+/// workflow completes with its one publication. After the kubelet's restart, a body that
+/// crashes is restarted and its attempt retried.
 #[tokio::test]
 async fn attempts_run_through_containerd_and_kubelet_restarts() {
     let test = "attempts_run_through_containerd_and_kubelet_restarts";
@@ -417,6 +418,118 @@ async fn attempts_run_through_containerd_and_kubelet_restarts() {
         );
         assert_eq!(outcome.failed_attempts, 0, "{outcome}");
         assert_eq!(after, before, "the pods and their containers are the same");
+
+        // Then a body crashes mid-attempt (its container's PID 1 killed through containerd).
+        // The kubelet restarts it beside the sidecar, whose startup probe it ran after its own
+        // restart: Kubernetes 1.35 left such a container dead after a kubelet restart until the
+        // fix of kubernetes#137146. The crashed body's attempt fails and is retried, and every
+        // workflow completes with its one publication.
+        let crash = Workload::start(
+            &lake,
+            &conductor,
+            &format!("{name}.{name}"),
+            (&repository, &input_ref),
+            &format!("crash{run}"),
+            4,
+        )
+        .await
+        .unwrap();
+        let (uid, body) = body_running_an_attempt(&conductor, &pods, &selector, &crash).await;
+        ctr(
+            &node.containerd.socket,
+            &["tasks", "kill", "--signal", "SIGKILL", &body],
+        )
+        .unwrap();
+        let killed = Instant::now();
+        let crashed = format!("{uid}/body");
+        while restarts(&pods, &selector).await.get(&crashed) == after.get(&crashed) {
+            assert!(
+                killed.elapsed() < Duration::from_secs(90),
+                "the crashed body was not restarted in 90 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_running(&client, name, 2, Duration::from_secs(90)).await;
+        let back = killed.elapsed();
+        crash
+            .wait_finished(&conductor, Duration::from_secs(300))
+            .await
+            .unwrap();
+        let outcome = crash.outcome(&lake, &conductor).await.unwrap();
+        report(
+            "body-crash",
+            run,
+            &outcome,
+            &format!(
+                "the body restarted and ready {back:.1?} after the kill, every workflow done {:.1?} after it",
+                killed.elapsed()
+            ),
+        );
+        assert!(
+            outcome.failed_attempts >= 1,
+            "the crashed body's attempt failed: {outcome}"
+        );
+        let restarted: Vec<(String, i32)> = restarts(&pods, &selector)
+            .await
+            .into_iter()
+            .filter(|(container, count)| after.get(container) != Some(count))
+            .collect();
+        assert_eq!(
+            restarted,
+            [(crashed.clone(), after[&crashed] + 1)],
+            "only the crashed body restarted, once"
+        );
+    }
+}
+
+/// The uid of a pod of `selector` whose body runs one of `workload`'s attempts, and the id of
+/// that body's container: an attempt in progress for 0.5 s has its files and runs the body
+/// (whose `sleep 2` then has 1.5 s to go).
+async fn body_running_an_attempt(
+    conductor: &ConductorApi,
+    pods: &Api<Pod>,
+    selector: &str,
+    workload: &Workload,
+) -> (String, String) {
+    let started = Instant::now();
+    loop {
+        for (id, _) in &workload.workflows {
+            let workflow = conductor.workflow(id).await;
+            let running = workflow["tasks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| t["status"] == "IN_PROGRESS")
+                .find_map(|t| t["workerId"].as_str().map(str::to_owned));
+            let Some(worker) = running else { continue };
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let list = pods
+                .list(&ListParams::default().labels(selector))
+                .await
+                .unwrap();
+            let pod = list
+                .items
+                .into_iter()
+                .find(|p| worker.contains(p.metadata.name.as_deref().unwrap_or("?")))
+                .unwrap_or_else(|| panic!("no pod of {selector} runs worker {worker}"));
+            let body = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.name == "body")
+                .and_then(|c| c.container_id)
+                .unwrap_or_else(|| panic!("worker {worker}'s pod has no body container"));
+            return (
+                pod.metadata.uid.unwrap_or_default(),
+                body.trim_start_matches("containerd://").to_owned(),
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no attempt of {selector} in progress after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
