@@ -366,11 +366,17 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         // Before the Deployment, so that new pods start already bound by it.
         keep_network_policy(ctx, &ns, &task).await?;
         let mut deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
-        let live = ObjectRef::new(&render::object_name(&task)).within(&ns);
-        crate::lineage::pin_generation(
-            &mut deployment,
-            ctx.owned.deployments.get(&live).as_deref(),
-        );
+        // The generation that introduced this template: as this process last applied it,
+        // else as the watched Deployment records it (crate::lineage).
+        let object = render::object_name(&task);
+        let recorded = ctx.owned.template(&ns, &object).or_else(|| {
+            let live = ObjectRef::new(&object).within(&ns);
+            (ctx.owned.deployments.get(&live)).and_then(|d| crate::lineage::recorded(&d))
+        });
+        crate::lineage::pin_generation(&mut deployment, recorded);
+        if let Some(pinned) = crate::lineage::recorded(&deployment) {
+            ctx.owned.record_template(&ns, &object, pinned);
+        }
         apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await
     };
     let applied = match applied.await {

@@ -11,6 +11,8 @@
 //!   one without rolling every pod on each scale. [`pin_generation`] keeps the generation
 //!   that introduced the template instead: the Deployment records the template's hash and
 //!   that generation, and a render whose template hash is unchanged keeps the recorded one.
+//!   The operator remembers what it last applied too, so a reconcile that runs before the
+//!   watch shows its own apply does not take the current generation for a new template.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -28,24 +30,32 @@ pub const TEMPLATE_GENERATION_ANNOTATION: &str = "perago.io/template-generation"
 /// The body container's name in every executor pod.
 const BODY: &str = "body";
 
+/// The template hash and generation a Deployment records, when it records both.
+pub fn recorded(d: &Deployment) -> Option<(String, String)> {
+    let a = d.metadata.annotations.as_ref()?;
+    let hash = a.get(TEMPLATE_HASH_ANNOTATION)?;
+    let generation = a.get(TEMPLATE_GENERATION_ANNOTATION)?;
+    generation
+        .parse::<i64>()
+        .is_ok()
+        .then(|| (hash.clone(), generation.clone()))
+}
+
 /// Keep the generation in `rendered`'s template at the one that introduced the template when
-/// `live` (the Deployment as the watch has it) holds the same template; record the template's
-/// hash and generation on `rendered` either way. A render without the generation variable
-/// (a task that never publishes, an offline render) is left as it is.
-pub fn pin_generation(rendered: &mut Deployment, live: Option<&Deployment>) {
+/// `recorded` (the template hash and generation this process last applied, else the ones the
+/// watched Deployment carries) is of the same template; record the template's hash and
+/// generation on `rendered` either way. A render without the generation variable (a task that
+/// never publishes, an offline render) is left as it is.
+pub fn pin_generation(rendered: &mut Deployment, recorded: Option<(String, String)>) {
     let Some(current) = generation_env(rendered).and_then(|v| v.clone()) else {
         return;
     };
     let Some(hash) = template_hash(rendered) else {
         return;
     };
-    let recorded = live
-        .and_then(|d| d.metadata.annotations.as_ref())
-        .filter(|a| a.get(TEMPLATE_HASH_ANNOTATION) == Some(&hash))
-        .and_then(|a| a.get(TEMPLATE_GENERATION_ANNOTATION))
-        .filter(|g| g.parse::<i64>().is_ok())
-        .cloned();
-    let generation = recorded.unwrap_or(current);
+    let generation = recorded
+        .filter(|(h, _)| *h == hash)
+        .map_or(current, |(_, g)| g);
     if let Some(value) = generation_env(rendered) {
         *value = Some(generation.clone());
     }
@@ -158,7 +168,7 @@ mod tests {
         let contract = perago_api::contract::render(&t.spec).unwrap();
         let replicas = t.spec.executor.replicas;
         let mut d = render::deployment(t, &contract, &crate::fixtures::defaults(), replicas);
-        pin_generation(&mut d, live);
+        pin_generation(&mut d, live.and_then(recorded));
         d
     }
 

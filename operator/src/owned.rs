@@ -35,7 +35,13 @@ pub struct Owned {
     /// Per object: the hash of the render last applied, and the object's version that apply
     /// made.
     applied: Arc<Mutex<HashMap<Applied, (String, Version)>>>,
+    /// Per Deployment (namespace, name): the pod template hash and the generation that
+    /// introduced it, as last applied (`crate::lineage`).
+    templates: Arc<Mutex<HashMap<(String, String), Recorded>>>,
 }
+
+/// A pod template's hash and the generation that introduced it.
+type Recorded = (String, String);
 
 /// What fills an [`Owned`]: handed to [`Writers::watch`] once the process leads. One writer
 /// per kind and watched namespace (one for all of them in the cluster scope).
@@ -83,6 +89,7 @@ impl Owned {
             config_maps,
             network_policies,
             applied: Arc::default(),
+            templates: Arc::default(),
         };
         let writers = Writers {
             scope: scope.clone(),
@@ -167,6 +174,24 @@ impl Owned {
     pub fn forget(&self, ns: &str, name: &str) {
         self.memo()
             .retain(|object, _| !(object.namespace == ns && object.name == name));
+        self.templates
+            .lock()
+            .remove(&(ns.to_owned(), name.to_owned()));
+    }
+
+    /// The template hash and generation this process last applied for Deployment `name`.
+    pub fn template(&self, ns: &str, name: &str) -> Option<Recorded> {
+        self.templates
+            .lock()
+            .get(&(ns.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Remember the template hash and generation applied for Deployment `name`.
+    pub fn record_template(&self, ns: &str, name: &str, recorded: Recorded) {
+        self.templates
+            .lock()
+            .insert((ns.to_owned(), name.to_owned()), recorded);
     }
 
     fn memo(&self) -> parking_lot::MutexGuard<'_, HashMap<Applied, (String, Version)>> {
