@@ -1,7 +1,7 @@
 //! Executor pods on a real kubelet: the operator installed by Helm in the cluster once, and
 //! each test's PeragoTasks run by the pods the operator makes. The tests are grouped by what
 //! they show (`pods/publish.rs`, `failures.rs`, `scaling.rs`, `security.rs`, `gateway.rs`,
-//! `operate.rs`); this file holds the cluster and the steps they share.
+//! `operate.rs`, `lineage.rs`); this file holds the cluster and the steps they share.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,6 +23,8 @@ use tokio::sync::OnceCell;
 mod failures;
 #[path = "pods/gateway.rs"]
 mod gateway;
+#[path = "pods/lineage.rs"]
+mod lineage;
 #[path = "pods/operate.rs"]
 mod operate;
 #[path = "pods/publish.rs"]
