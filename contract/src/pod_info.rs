@@ -80,6 +80,33 @@ pub fn unquote(quoted: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// `text` quoted as Go's `strconv.Quote` quotes it for the kubelet's annotations file (control
+/// characters escaped, the rest as it is); [`unquote`] reads it back.
+pub fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '\u{07}' => out.push_str("\\a"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{0b}' => out.push_str("\\v"),
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            c if c.is_control() && (c as u32) < 0x80 => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 fn hex(chars: &mut std::str::Chars<'_>, digits: usize) -> Option<u32> {
     let mut value = 0u32;
     for _ in 0..digits {
@@ -110,6 +137,30 @@ mod tests {
         assert_eq!(a["quoted"], "a \"b\"\n\tc\\ \u{7f} é 😀 é");
         assert_eq!(a.len(), 4, "{a:?}");
         assert_eq!(parse_annotations(""), BTreeMap::new());
+    }
+
+    #[test]
+    fn quoted_text_reads_back() {
+        for text in [
+            "",
+            "body",
+            "a \"b\"\n\t\\",
+            "\u{0}\u{1f}\u{7f}\u{85}é😀",
+            "=x=\"y",
+        ] {
+            assert_eq!(unquote(&quote(text)).as_deref(), Some(text), "{text:?}");
+        }
+        assert_eq!(quote("a\"\n\u{1}"), "\"a\\\"\\n\\x01\"");
+        let file = format!(
+            "k={}\nperago.io/body-image-id={}",
+            quote("v\n="),
+            quote("r@sha256:00")
+        );
+        let read = parse_annotations(&file);
+        assert_eq!(
+            (read["k"].as_str(), read[BODY_IMAGE_ID_ANNOTATION].as_str()),
+            ("v\n=", "r@sha256:00")
+        );
     }
 
     #[test]
