@@ -242,11 +242,15 @@ pub async fn download(
     parallelism: usize,
     object_timeout: Duration,
 ) -> Result<Manifest, DownloadError> {
+    let mut steps = Steps::start();
     let entries = client
         .list_objects(repository, reference, listing_prefix(prefix))
         .await?;
+    steps.listing = steps.lap();
     let planned = plan(&entries, prefix)?;
+    steps.plan = steps.lap();
     create_directories(dir, &planned).await?;
+    steps.directories = steps.lap();
     let mut manifest = Manifest::default();
     let source = Source {
         client,
@@ -265,9 +269,57 @@ pub async fn download(
     .buffer_unordered(parallelism.max(1));
     while let Some(done) = transfers.next().await {
         let (local, checksum, size) = done?;
+        let at = std::time::Instant::now();
         manifest.objects.insert(local, (checksum, size));
+        steps.manifest += at.elapsed();
     }
+    steps.transfers = steps.lap();
+    steps.log(manifest.objects.len());
     Ok(manifest)
+}
+
+/// How long each step of a download took: what the sidecar does beside the transfers (the
+/// projection's checks of every key, the manifest change detection starts from) on its own.
+struct Steps {
+    at: std::time::Instant,
+    listing: Duration,
+    plan: Duration,
+    directories: Duration,
+    /// All the transfers, the manifest's inserts included.
+    transfers: Duration,
+    manifest: Duration,
+}
+
+impl Steps {
+    fn start() -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            listing: Duration::ZERO,
+            plan: Duration::ZERO,
+            directories: Duration::ZERO,
+            transfers: Duration::ZERO,
+            manifest: Duration::ZERO,
+        }
+    }
+
+    /// The time since the last lap.
+    fn lap(&mut self) -> Duration {
+        let now = std::time::Instant::now();
+        now - std::mem::replace(&mut self.at, now)
+    }
+
+    fn log(&self, objects: usize) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            objects,
+            listing_ms = ms(self.listing),
+            projection_and_reserved_paths_ms = ms(self.plan),
+            directories_ms = ms(self.directories),
+            transfers_ms = ms(self.transfers),
+            manifest_ms = ms(self.manifest),
+            "workspace download steps"
+        );
+    }
 }
 
 /// Every directory the planned files go in, made in one trip to the blocking pool (one per
