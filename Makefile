@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV_FILE ?= .e2e/env
 
-.PHONY: build demo test bench bench-quick bench-quick-servers bench-quick-node lint crds check-crds manifests chart-readme docs release-binaries release check-images obtain prerequisites services-up services-down clean
+.PHONY: build demo test test-matrix bench bench-quick bench-quick-servers bench-quick-node lint crds check-crds manifests chart-readme docs release-binaries release check-images obtain prerequisites services-up services-down clean
 
 ## Check, and install when missing (Debian packages as root, the musl target), what the
 ## targets below need; silent and well under a second when everything is present.
@@ -27,6 +27,12 @@ demo: obtain release-binaries
 ## (e2e/bin/test; docs/testing.md). Each test binary obtains the third-party servers it needs.
 test: prerequisites release-binaries
 	CARGO=$(CARGO) e2e/bin/test
+
+## The Kubernetes version matrix (docs/versioning.md): the checks of what the project relies on
+## in a cluster, on the chart's floor and the newest release served, or on
+## PERAGO_MATRIX_VERSIONS. Too long for every CI run: about 10 minutes a version once built.
+test-matrix: prerequisites
+	e2e/bin/test-matrix
 
 ## Benchmarks against the real servers; they print figures and ratios.
 bench: obtain release-binaries
@@ -90,7 +96,7 @@ lint: prerequisites
 	@# Licenses, sources and duplicate crates of the dependency graph (deny.toml).
 	$$(e2e/bin/obtain cargo-deny | cut -d' ' -f2) check --hide-inclusion-graph licenses bans sources
 	@test -z "$$(gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua e2e/gitserver)" || { gofmt -l e2e/kstatus e2e/cert-manager e2e/argocd-lua e2e/gitserver; echo "gofmt: the files above need formatting"; exit 1; }
-	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test e2e/bin/release fuzz/run deploy/krew/manifest .ci/run
+	shellcheck -x -S warning e2e/bin/obtain e2e/bin/node-janitor e2e/bin/images e2e/bin/janitor e2e/bin/watchdog e2e/bin/check-release-binaries e2e/bin/prerequisites e2e/bin/build-cache e2e/bin/test e2e/bin/test-matrix e2e/bin/release fuzz/run deploy/krew/manifest .ci/run
 
 ## Regenerate the committed CRD (CI fails when it drifts).
 crds:
