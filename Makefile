@@ -46,7 +46,7 @@ bench: obtain release-binaries
 bench-quick: bench-quick-servers bench-quick-node
 
 bench-quick-servers: obtain release-binaries
-	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_SCALE=5 PERAGO_BENCH_PODS=1 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace --bench data_path
+	PERAGO_BENCH_TASKS=20 PERAGO_BENCH_RUNS=1 PERAGO_BENCH_TRIES=1 PERAGO_BENCH_SCALE=5 PERAGO_BENCH_PODS=1 $(CARGO) bench --profile dev --workspace --bench runtime --bench workspace --bench data_path
 
 bench-quick-node: obtain release-binaries
 	PERAGO_BENCH_RUNS=1 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 \
