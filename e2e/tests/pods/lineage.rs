@@ -131,6 +131,10 @@ async fn a_publication_names_the_image_digest_its_pod_ran_even_after_the_tag_mov
         services.node().registry.host
     );
     crane(&["push", layout.path().to_str().unwrap(), &image]);
+    // An image config of its own: pushed as it is, the image would have the image id of the
+    // node's preloaded body image, and once the kubelet had pulled that id, it pulled the
+    // preloaded image again for every other test's pod (from `localhost`, which fails).
+    crane(&["mutate", &image, "--label", "e2e.perago.io/build=1"]);
     let first_digest = crane(&["digest", &image]).trim().to_owned();
 
     cluster.task_namespace(namespace).unwrap();
