@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::process::{ServerProcess, bin_dir, free_port, release_binaries, wait_ready};
+use crate::process::{ServerProcess, bin_dir, free_port, obtain, release_binaries, wait_ready};
 
 /// The path under the registry's host that releases are pushed to.
 pub const REPOSITORY_PREFIX: &str = "perago";
@@ -103,6 +103,21 @@ pub fn chart_version() -> String {
         .find_map(|l| l.strip_prefix("version:"))
         .map(|v| v.trim().to_owned())
         .unwrap_or_else(|| "0.0.0".to_owned())
+}
+
+/// `crane ARGS --insecure` (the harness's registries serve plain HTTP); its standard output.
+pub fn crane(args: &[&str]) -> Result<String> {
+    let out = Command::new(obtain("crane")?)
+        .args(args)
+        .arg("--insecure")
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "crane {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// Push a release of `version` to `prefix` (`host/path`), made from the static (amd64) release

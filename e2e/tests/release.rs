@@ -55,13 +55,7 @@ fn stderr(out: &Output) -> String {
 }
 
 fn crane(args: &[&str]) -> String {
-    let out = Command::new(obtain("crane").unwrap())
-        .args(args)
-        .arg("--insecure")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "crane {args:?}: {}", stderr(&out));
-    String::from_utf8(out.stdout).unwrap()
+    perago_e2e::registry::crane(args).unwrap()
 }
 
 fn helm(args: &[&str]) -> Vec<u8> {

@@ -7,21 +7,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::*;
-use perago_e2e::process::obtain;
 
-/// `crane ARGS --insecure` against the node's registry (plain HTTP); its output.
 fn crane(args: &[&str]) -> String {
-    let out = Command::new(obtain("crane").unwrap())
-        .args(args)
-        .arg("--insecure")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "crane {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    perago_e2e::registry::crane(args).unwrap()
 }
 
 /// The running pod of task `name` that is not going, once its body container has an image id
