@@ -132,6 +132,9 @@ pub struct PeragoTaskSpec {
     /// Where lakeFS is; falls back to the operator's defaults. Workspace tasks only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lakefs: Option<LakeFsConnection>,
+    /// Where the executor pods report each attempt as lineage. Absent: nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<LineageSpec>,
     /// What happens to the Conductor TaskDef when the PeragoTask is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
@@ -716,6 +719,40 @@ pub struct KeyRef {
 
 fn default_ca_key() -> String {
     "ca.crt".into()
+}
+
+/// Where an executor pod reports each attempt as lineage.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LineageSpec {
+    /// OpenLineage run events of every attempt: START when the body starts, then COMPLETE
+    /// with the input and published lakeFS commits as datasets, or FAIL with the reason
+    /// (ADR 0043). Sent in the background: an endpoint that is down or slow never holds an
+    /// attempt up; what cannot be sent is dropped and counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_lineage: Option<OpenLineageSpec>,
+}
+
+/// An OpenLineage HTTP endpoint, and the namespace of the task's job there.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenLineageSpec {
+    /// The `http://` or `https://` URL each run event is POSTed to as given, e.g.
+    /// `http://marquez:5000/api/v1/lineage`.
+    #[schemars(length(min = 1, max = 2048), pattern(r"^https?://"))]
+    pub url: String,
+    /// The namespace of the job (the task type) and of the workflow's parent job. Default:
+    /// the PeragoTask's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub namespace: Option<String>,
+}
+
+impl PeragoTaskSpec {
+    /// The OpenLineage endpoint of the task, if it has one.
+    pub fn open_lineage(&self) -> Option<&OpenLineageSpec> {
+        self.lineage.as_ref().and_then(|l| l.open_lineage.as_ref())
+    }
 }
 
 /// lakeFS endpoint and credentials.

@@ -109,6 +109,9 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
             return Err(FieldError::new(field, "name is required"));
         }
     }
+    if let Some(open_lineage) = spec.open_lineage() {
+        check_open_lineage(open_lineage)?;
+    }
 
     let mut warnings = Vec::new();
     if let (Some(ws), Some(budget)) = (&spec.workspace, budget) {
@@ -315,6 +318,29 @@ fn check_application_metrics(metrics: &[ApplicationMetric]) -> Result<(), FieldE
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// `spec.lineage.openLineage`: an `http://` or `https://` URL naming a host, and a namespace
+/// that is not blank when given.
+fn check_open_lineage(spec: &crate::task::OpenLineageSpec) -> Result<(), FieldError> {
+    const FIELD: &str = "spec.lineage.openLineage.url";
+    if let Some(problem) = perago_contract::url::http_url_problem(&spec.url) {
+        return Err(FieldError::new(
+            FIELD,
+            format!("{problem}, such as http://marquez:5000/api/v1/lineage"),
+        ));
+    }
+    if spec
+        .namespace
+        .as_deref()
+        .is_some_and(|n| n.trim().is_empty())
+    {
+        return Err(FieldError::new(
+            "spec.lineage.openLineage.namespace",
+            "must not be blank; leave it out for the PeragoTask's namespace",
+        ));
     }
     Ok(())
 }

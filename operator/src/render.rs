@@ -346,6 +346,17 @@ fn sidecar_env(
     if let Some(endpoint) = &defaults.traces_endpoint {
         sidecar_env.push(env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint));
     }
+    // OpenLineage run events of each attempt (ADR 0043), in the task's namespace unless it
+    // names another.
+    if let Some(open_lineage) = spec.open_lineage() {
+        sidecar_env.push(env("PERAGO_OPENLINEAGE_URL", open_lineage.url.clone()));
+        let namespace = open_lineage
+            .namespace
+            .clone()
+            .or_else(|| task.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        sidecar_env.push(env("PERAGO_OPENLINEAGE_NAMESPACE", namespace));
+    }
     if let Some(secret) = spec
         .conductor
         .as_ref()
@@ -895,6 +906,40 @@ mod tests {
         );
     }
 
+    /// `spec.lineage.openLineage` reaches the sidecar; the job namespace is the task's own
+    /// namespace unless the task names one.
+    #[test]
+    fn the_sidecar_gets_the_tasks_openlineage_endpoint_and_namespace() {
+        let sidecar_env = |extra: &str| -> BTreeMap<String, Option<String>> {
+            let t = task(&format!("{SPEC}  lineage: {{openLineage: {extra}}}\n"));
+            let c = contract::render(&t.spec).unwrap();
+            let pod = deployment(&t, &c, &defaults(), 1)
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap();
+            pod.init_containers.unwrap()[1]
+                .env
+                .clone()
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.name, e.value))
+                .collect()
+        };
+        let env = sidecar_env("{url: 'http://marquez:5000/api/v1/lineage'}");
+        assert_eq!(
+            env["PERAGO_OPENLINEAGE_URL"].as_deref(),
+            Some("http://marquez:5000/api/v1/lineage")
+        );
+        assert_eq!(env["PERAGO_OPENLINEAGE_NAMESPACE"].as_deref(), Some("data"));
+        let env = sidecar_env("{url: 'https://lineage.example/api/v1/lineage', namespace: teams}");
+        assert_eq!(
+            env["PERAGO_OPENLINEAGE_NAMESPACE"].as_deref(),
+            Some("teams")
+        );
+    }
+
     #[test]
     fn the_pod_has_the_runner_the_native_sidecar_and_the_wrapped_body() {
         let t = task(SPEC);
@@ -967,6 +1012,10 @@ mod tests {
         assert_eq!(
             env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"].value.as_deref(),
             Some("http://otel:4318/v1/traces")
+        );
+        assert!(
+            !env.contains_key("PERAGO_OPENLINEAGE_URL"),
+            "no lineage unless the task asks"
         );
         // The CA bundles reach the sidecar alone, each key as ca.crt in a mount of its own.
         assert_eq!(

@@ -16,6 +16,7 @@ use crate::config::{LakeFsSettings, RuntimeSettings, Settings};
 use crate::execution;
 use crate::input::Schemas;
 use crate::lineage::{LineageSource, PodFacts};
+use crate::openlineage::OpenLineage;
 use crate::otlp::{self, Exporter};
 use crate::runner::{self, RunnerHub};
 use crate::telemetry::Metrics;
@@ -197,6 +198,23 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
             Some(tracer)
         }
     };
+    let lineage = match checked.openlineage.clone() {
+        None => None,
+        Some(config) => {
+            let lakefs_endpoint = workspace
+                .as_ref()
+                .and(checked.lakefs.as_ref())
+                .map(|l| l.endpoint.as_str());
+            let sender = OpenLineage::start(
+                config,
+                &contract.task_name,
+                lakefs_endpoint,
+                metrics.openlineage.clone(),
+            )
+            .map_err(|e| StartError(format!("building the OpenLineage client failed: {e}")))?;
+            Some(Arc::new(sender))
+        }
+    };
     let runtime = match workspace {
         None => TaskRuntime::WorkspaceFree,
         Some(parts) => {
@@ -216,11 +234,16 @@ pub async fn run(settings: &Settings, stop: watch::Receiver<bool>) -> Result<(),
         work_dir,
         runtime,
         tracer,
+        lineage,
     });
     Arc::clone(&broker).run(stop).await;
     if let Some(tracer) = &broker.tracer {
         // The last attempts' traces, each request within the export timeout.
         tracer.shutdown().await;
+    }
+    if let Some(lineage) = &broker.lineage {
+        // The last attempts' run events, for at most twice the request timeout.
+        lineage.shutdown().await;
     }
     if let Some((exporter, task)) = exporter {
         // A last export, so the final attempts are not lost with the process.

@@ -37,6 +37,8 @@ pub struct Broker {
     pub runtime: TaskRuntime,
     /// Exports a trace of every attempt; `None` when tracing is off.
     pub tracer: Option<Tracer>,
+    /// Sends OpenLineage run events of every attempt; `None` when not configured.
+    pub lineage: Option<Arc<crate::openlineage::OpenLineage>>,
 }
 
 /// The two kinds of task, decided once at start-up from the contract.
@@ -255,13 +257,17 @@ impl Broker {
         trace.note_attempt("perago.task.id", &snapshot.task_id);
         trace.note_attempt("perago.task.reference_name", &snapshot.reference_task_name);
         trace.note_attempt("perago.attempt.retry_count", snapshot.retry_count);
+        let lineage = self
+            .lineage
+            .as_ref()
+            .map_or_else(crate::openlineage::RunEvents::off, |l| l.run(&task));
         // Its calls to Conductor and lakeFS send the attempt's root span as `traceparent`.
         let traceparent = trace.root_traceparent();
         let attempt = async move {
             let started = Instant::now();
             info!(phase = "start", reference_task_name = %snapshot.reference_task_name, "attempt started");
             let keeper = self.keep_lease(&snapshot);
-            let done = self.execute(&snapshot, &execution_id, lease, abandon, &trace).await;
+            let done = self.execute(&snapshot, &execution_id, lease, abandon, (&trace, &lineage)).await;
             keeper.abort();
             let _ = keeper.await;
             self.metrics.record_attempt_seconds(started.elapsed().as_secs_f64());
@@ -339,7 +345,7 @@ impl Broker {
         execution_id: &str,
         lease: Option<Lease>,
         abandon: watch::Receiver<bool>,
-        trace: &AttemptTrace,
+        (trace, lineage): (&AttemptTrace, &crate::openlineage::RunEvents),
     ) -> Result<Completion, AttemptError> {
         let Some(lease) = lease else {
             return Err(AttemptError::NoSlot {
@@ -353,6 +359,7 @@ impl Broker {
             lease,
             abandon,
             trace,
+            lineage,
         };
         let done = attempt.run().await;
         self.hub.release(lease, execution_id);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::openlineage::OpenLineageConfig;
 use crate::otlp::OtlpConfig;
 use crate::trace::TraceConfig;
 use perago_conductor::Credentials;
@@ -114,6 +115,19 @@ pub struct Settings {
     /// removed.
     #[arg(long, env = "PERAGO_FAULT", hide = true)]
     pub fault: Option<String>,
+    /// Where each attempt's OpenLineage run events are POSTed (an `http://` or `https://`
+    /// URL, used as given); unset: none are sent (ADR 0043).
+    #[arg(long, env = "PERAGO_OPENLINEAGE_URL")]
+    pub openlineage_url: Option<String>,
+    /// The namespace of the events' jobs (default: `PERAGO_TASK_NAMESPACE`, else `default`).
+    #[arg(long, env = "PERAGO_OPENLINEAGE_NAMESPACE")]
+    pub openlineage_namespace: Option<String>,
+    /// Longest one run event's request may take (milliseconds).
+    #[arg(long, env = "PERAGO_OPENLINEAGE_TIMEOUT_MS", default_value_t = 5000)]
+    pub openlineage_timeout_ms: u64,
+    /// Run events held at most while they wait to be sent; one that does not fit is dropped.
+    #[arg(long, env = "PERAGO_OPENLINEAGE_QUEUE_SIZE", default_value_t = 1024)]
+    pub openlineage_queue_size: usize,
     /// Value of the `perago_instance_id` label of `runtime_busy_slots` (default: the pod name).
     #[arg(long, env = "PERAGO_INSTANCE_ID")]
     pub instance_id: Option<String>,
@@ -189,6 +203,8 @@ pub struct RuntimeSettings {
     pub otlp: Option<OtlpConfig>,
     /// OTLP export of attempt traces, when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
     pub traces: Option<TraceConfig>,
+    /// OpenLineage run events of each attempt, when `PERAGO_OPENLINEAGE_URL` is set.
+    pub openlineage: Option<OpenLineageConfig>,
     pub lakefs: Option<LakeFsSettings>,
 }
 
@@ -289,6 +305,7 @@ impl Settings {
         };
         let otlp = OtlpConfig::from_lookup(|name| std::env::var(name).ok())?;
         let traces = TraceConfig::from_lookup(|name| std::env::var(name).ok())?;
+        let openlineage = self.openlineage()?;
         let instance_id = match given("PERAGO_INSTANCE_ID", self.instance_id.as_deref())? {
             Some(id)
                 if !id
@@ -339,8 +356,43 @@ impl Settings {
             shutdown_grace: Duration::from_secs(self.shutdown_grace_seconds),
             otlp,
             traces,
+            openlineage,
             lakefs,
         })
+    }
+
+    /// The OpenLineage settings: `None` without a URL (the others are then ignored).
+    fn openlineage(&self) -> Result<Option<OpenLineageConfig>, String> {
+        let Some(url) = given("PERAGO_OPENLINEAGE_URL", self.openlineage_url.as_deref())? else {
+            return Ok(None);
+        };
+        if let Some(problem) = perago_contract::url::http_url_problem(&url) {
+            return Err(format!("PERAGO_OPENLINEAGE_URL {problem}"));
+        }
+        let namespace = given(
+            "PERAGO_OPENLINEAGE_NAMESPACE",
+            self.openlineage_namespace.as_deref(),
+        )?
+        .or_else(|| {
+            self.task_namespace
+                .as_deref()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "default".into());
+        if self.openlineage_timeout_ms == 0 {
+            return Err("PERAGO_OPENLINEAGE_TIMEOUT_MS must be greater than zero".into());
+        }
+        if self.openlineage_queue_size == 0 {
+            return Err("PERAGO_OPENLINEAGE_QUEUE_SIZE must be greater than zero".into());
+        }
+        Ok(Some(OpenLineageConfig {
+            url,
+            namespace,
+            timeout: Duration::from_millis(self.openlineage_timeout_ms),
+            queue: self.openlineage_queue_size,
+        }))
     }
 }
 
@@ -406,6 +458,52 @@ mod tests {
             check(&args)
                 .unwrap_err()
                 .contains("missing CONDUCTOR_AUTH_SECRET")
+        );
+    }
+
+    #[test]
+    fn openlineage_settings() {
+        let url = ["--conductor-url", "http://c/api"];
+        assert!(check(&url).unwrap().openlineage.is_none());
+        let with = |extra: &[&str]| {
+            let mut args = url.to_vec();
+            args.extend_from_slice(extra);
+            check(&args).map(|s| s.openlineage)
+        };
+        let ol = with(&["--openlineage-url", "http://marquez:5000/api/v1/lineage"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (ol.url.as_str(), ol.namespace.as_str(), ol.timeout, ol.queue),
+            (
+                "http://marquez:5000/api/v1/lineage",
+                "default",
+                Duration::from_secs(5),
+                1024
+            )
+        );
+        let ol = with(&[
+            "--openlineage-url",
+            "https://l/api/v1/lineage",
+            "--task-namespace",
+            "team",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(ol.namespace, "team", "the task's namespace by default");
+        assert_eq!(
+            with(&["--openlineage-url", "marquez:5000"]).unwrap_err(),
+            "PERAGO_OPENLINEAGE_URL must be an http:// or https:// URL, not \"marquez:5000\""
+        );
+        assert_eq!(
+            with(&[
+                "--openlineage-url",
+                "http://m",
+                "--openlineage-timeout-ms",
+                "0"
+            ])
+            .unwrap_err(),
+            "PERAGO_OPENLINEAGE_TIMEOUT_MS must be greater than zero"
         );
     }
 

@@ -4,11 +4,13 @@
 pub mod app;
 pub mod broker;
 pub mod config;
+pub mod delivery;
 pub mod execution;
 pub mod failure;
 pub mod http;
 pub mod input;
 pub mod lineage;
+pub mod openlineage;
 pub mod otlp;
 pub mod outcome;
 pub mod pipeline;

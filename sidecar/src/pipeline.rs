@@ -34,6 +34,7 @@ use crate::config::FaultPoint;
 use crate::execution::{self, Dispatch, ExecutionDir};
 use crate::failure::{AttemptError, FileError, LocalError};
 use crate::input;
+use crate::openlineage::{RunEnd, RunEvents};
 use crate::runner::Lease;
 use crate::trace::AttemptTrace;
 use crate::workspace::download::{self, Manifest};
@@ -86,12 +87,48 @@ pub struct Attempt<'a> {
     pub abandon: watch::Receiver<bool>,
     /// The attempt's phases, for its trace.
     pub trace: &'a AttemptTrace,
+    /// The attempt's OpenLineage run events.
+    pub lineage: &'a RunEvents,
 }
 
 impl Attempt<'_> {
-    /// The attempt: accept the input, run the transaction in a fresh execution directory,
-    /// then remove the staging branch and the directory whatever happened.
+    /// The attempt, then its last run event: COMPLETE naming what it published, or FAIL
+    /// saying why (queued, never waited on).
     pub async fn run(&self) -> Result<Completion, AttemptError> {
+        let completion = self.attempt().await;
+        let prefix = match &self.broker.runtime {
+            TaskRuntime::Workspace(rt) => rt.spec.prefix.as_str(),
+            TaskRuntime::WorkspaceFree => "/",
+        };
+        match &completion {
+            Ok(c) => {
+                let published = c
+                    .output
+                    .get("workspace")
+                    .and_then(|v| WorkspaceRef::parse(v).ok());
+                self.lineage.finish(
+                    &RunEnd::Completed {
+                        published: published.as_ref(),
+                    },
+                    prefix,
+                );
+            }
+            Err(e) => {
+                let mut message = e.to_string();
+                let max = self.broker.settings.failure_reason_max_length;
+                if let Some((cut, _)) = message.char_indices().nth(max) {
+                    message.truncate(cut);
+                }
+                self.lineage
+                    .finish(&RunEnd::Failed { message: &message }, prefix);
+            }
+        }
+        completion
+    }
+
+    /// Accept the input, run the transaction in a fresh execution directory, then remove the
+    /// staging branch and the directory whatever happened.
+    async fn attempt(&self) -> Result<Completion, AttemptError> {
         self.trace.mark("input");
         let (accepted, dir) = self
             .accept_input()
@@ -130,6 +167,7 @@ impl Attempt<'_> {
     ) -> Result<Completion, AttemptError> {
         let (params, ws, rt) = match accepted {
             Accepted::WorkspaceFree { params } => {
+                self.lineage.start();
                 let result = self.body(dir, &params, None).await?;
                 return Ok(completion(None, result, None));
             }
@@ -144,6 +182,7 @@ impl Attempt<'_> {
         self.trace.note_attempt("perago.lakefs.branch", &ws.branch);
         self.trace
             .note_attempt("perago.lakefs.input_ref", &ws.reference);
+        self.lineage.input(&ws, &rt.spec.prefix);
         let (root, downloaded) = self.download(rt, dir, &ws).await?;
         self.guardrails(rt, Phase::Pre, &root).await?;
         let before = if rt.spec.read_only {
@@ -151,6 +190,7 @@ impl Attempt<'_> {
         } else {
             Some(self.baseline(dir, &root, downloaded).await?)
         };
+        self.lineage.start();
         let result = self.body(dir, &params, Some(&root)).await?;
         self.guardrails(rt, Phase::Post, &root).await?;
         crash_point(rt, FaultPoint::ExitAfterBody);

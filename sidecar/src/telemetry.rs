@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::warn;
 
+use crate::delivery::ExportCounters;
 use crate::failure::AttemptError;
 use crate::trace::TraceCounters;
 use perago_contract::spec::RESERVED_METRIC_LABELS;
@@ -51,6 +52,7 @@ pub struct Metrics {
     pub staging_branches_swept: IntCounter,
     pub hard_fence_installed: IntGaugeVec,
     pub traces: TraceCounters,
+    pub openlineage: ExportCounters,
     runtime: RuntimeMetrics,
     application: HashMap<String, AppMetric>,
     task_name: String,
@@ -343,6 +345,19 @@ impl Metrics {
                     r,
                     "perago_sidecar_trace_spans_dropped_total",
                     "Attempt spans dropped, by reason (queue_full, export_failed).",
+                    &["reason"],
+                )?,
+            },
+            openlineage: ExportCounters {
+                exported: counter1(
+                    r,
+                    "perago_sidecar_openlineage_events_sent_total",
+                    "OpenLineage run events the endpoint accepted.",
+                )?,
+                dropped: counter(
+                    r,
+                    "perago_sidecar_openlineage_events_dropped_total",
+                    "OpenLineage run events dropped, by reason (queue_full, export_failed).",
                     &["reason"],
                 )?,
             },

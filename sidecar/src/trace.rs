@@ -10,7 +10,6 @@
 //! background task sends batches of it, and what does not fit or is not accepted is dropped
 //! and counted (`perago_sidecar_trace_spans_dropped_total`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -22,12 +21,11 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{
     ResourceSpans, ScopeSpans, Span, Status, span, status,
 };
-use prometheus::{IntCounter, IntCounterVec};
 use prost::Message;
 use serde_json::Value;
-use tokio::sync::{Notify, watch};
-use tracing::{debug, warn};
+use tracing::warn;
 
+use crate::delivery::{Background, BoundedQueue, ExportCounters};
 use crate::otlp::{ExportSettingError, nanos, post, string_attribute};
 use perago_contract::setting::given;
 
@@ -111,54 +109,13 @@ impl TraceConfig {
     }
 }
 
-/// Counters of the export.
-#[derive(Clone)]
-pub struct TraceCounters {
-    pub exported: IntCounter,
-    /// By reason: `queue_full`, `export_failed`.
-    pub dropped: IntCounterVec,
-}
+/// Counters of the export: spans accepted, and dropped by reason.
+pub type TraceCounters = ExportCounters;
 
 /// Takes finished traces and sends them in the background.
 pub struct Tracer {
-    queue: Arc<SpanQueue>,
-    stop: watch::Sender<bool>,
-    sender: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-struct SpanQueue {
-    spans: Mutex<VecDeque<Span>>,
-    capacity: usize,
-    /// A full batch is waiting.
-    full: Notify,
-    counters: TraceCounters,
-}
-
-impl SpanQueue {
-    fn push(&self, spans: Vec<Span>) {
-        let n = spans.len();
-        let mut queue = self.spans.lock();
-        if queue.len() + n > self.capacity {
-            drop(queue);
-            self.counters
-                .dropped
-                .with_label_values(&["queue_full"])
-                .inc_by(n as u64);
-            return;
-        }
-        queue.extend(spans);
-        let full = queue.len() >= BATCH;
-        drop(queue);
-        if full {
-            self.full.notify_one();
-        }
-    }
-
-    fn take(&self) -> Vec<Span> {
-        let mut queue = self.spans.lock();
-        let n = queue.len().min(BATCH);
-        queue.drain(..n).collect()
-    }
+    queue: Arc<BoundedQueue<Span>>,
+    sender: Background,
 }
 
 impl Tracer {
@@ -169,12 +126,7 @@ impl Tracer {
         counters: TraceCounters,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder().timeout(config.timeout).build()?;
-        let queue = Arc::new(SpanQueue {
-            spans: Mutex::new(VecDeque::new()),
-            capacity: config.queue,
-            full: Notify::new(),
-            counters,
-        });
+        let queue = Arc::new(BoundedQueue::new(config.queue, BATCH, counters));
         let resource = Resource {
             attributes: vec![
                 string_attribute("service.name", "perago-sidecar"),
@@ -183,19 +135,37 @@ impl Tracer {
             ],
             ..Resource::default()
         };
-        let (stop, stopped) = watch::channel(false);
-        let sender = tokio::spawn(send_batches(
-            http,
-            config,
+        let (endpoint, gzip) = (config.endpoint.clone(), config.gzip);
+        let sender = Background::start(
             Arc::clone(&queue),
-            resource,
-            stopped,
-        ));
-        Ok(Self {
-            queue,
-            stop,
-            sender: tokio::sync::Mutex::new(Some(sender)),
-        })
+            config.delay,
+            "spans over OTLP",
+            config.endpoint,
+            move |spans: Vec<Span>| {
+                let request = ExportTraceServiceRequest {
+                    resource_spans: vec![ResourceSpans {
+                        resource: Some(resource.clone()),
+                        scope_spans: vec![ScopeSpans {
+                            scope: Some(InstrumentationScope {
+                                name: "perago".into(),
+                                version: env!("CARGO_PKG_VERSION").into(),
+                                ..InstrumentationScope::default()
+                            }),
+                            spans,
+                            ..ScopeSpans::default()
+                        }],
+                        ..ResourceSpans::default()
+                    }],
+                };
+                let (http, endpoint) = (http.clone(), endpoint.clone());
+                async move {
+                    post(&http, &endpoint, gzip, request.encode_to_vec())
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            },
+        );
+        Ok(Self { queue, sender })
     }
 
     /// A new attempt's timeline in `run`'s trace; it starts with the poll that brought the
@@ -218,72 +188,7 @@ impl Tracer {
 
     /// Send what is queued, then stop the sender; each request within the export timeout.
     pub async fn shutdown(&self) {
-        let _ = self.stop.send(true);
-        if let Some(sender) = self.sender.lock().await.take() {
-            let _ = sender.await;
-        }
-    }
-}
-
-async fn send_batches(
-    http: reqwest::Client,
-    config: TraceConfig,
-    queue: Arc<SpanQueue>,
-    resource: Resource,
-    mut stopped: watch::Receiver<bool>,
-) {
-    loop {
-        let stopping = tokio::select! {
-            () = tokio::time::sleep(config.delay) => false,
-            () = queue.full.notified() => false,
-            _ = stopped.wait_for(|s| *s) => true,
-        };
-        loop {
-            let spans = queue.take();
-            if spans.is_empty() {
-                break;
-            }
-            let n = spans.len() as u64;
-            let request = ExportTraceServiceRequest {
-                resource_spans: vec![ResourceSpans {
-                    resource: Some(resource.clone()),
-                    scope_spans: vec![ScopeSpans {
-                        scope: Some(InstrumentationScope {
-                            name: "perago".into(),
-                            version: env!("CARGO_PKG_VERSION").into(),
-                            ..InstrumentationScope::default()
-                        }),
-                        spans,
-                        ..ScopeSpans::default()
-                    }],
-                    ..ResourceSpans::default()
-                }],
-            };
-            match post(
-                &http,
-                &config.endpoint,
-                config.gzip,
-                request.encode_to_vec(),
-            )
-            .await
-            {
-                Ok(()) => {
-                    queue.counters.exported.inc_by(n);
-                    debug!(spans = n, "exported spans over OTLP");
-                }
-                Err(e) => {
-                    queue
-                        .counters
-                        .dropped
-                        .with_label_values(&["export_failed"])
-                        .inc_by(n);
-                    warn!(error = %e, endpoint = %config.endpoint, spans = n, "exporting spans over OTLP failed; they are dropped");
-                }
-            }
-        }
-        if stopping {
-            return;
-        }
+        self.sender.shutdown(None).await;
     }
 }
 
@@ -629,13 +534,6 @@ mod tests {
         move |k| map.get(k).cloned()
     }
 
-    fn counters() -> TraceCounters {
-        TraceCounters {
-            exported: IntCounter::new("e", "e").unwrap(),
-            dropped: IntCounterVec::new(prometheus::Opts::new("d", "d"), &["reason"]).unwrap(),
-        }
-    }
-
     #[test]
     fn configuration() {
         assert_eq!(TraceConfig::from_lookup(lookup(&[])), Ok(None));
@@ -838,28 +736,5 @@ mod tests {
             reason: None,
         };
         assert!(trace.into_spans(&outcome).is_none());
-    }
-
-    #[test]
-    fn a_full_queue_drops_whole_traces_and_counts_them() {
-        let queue = SpanQueue {
-            spans: Mutex::new(VecDeque::new()),
-            capacity: 5,
-            full: Notify::new(),
-            counters: counters(),
-        };
-        let span = || Span::default();
-        queue.push(vec![span(), span(), span()]);
-        queue.push(vec![span(), span(), span()]);
-        queue.push(vec![span(), span()]);
-        assert_eq!(queue.take().len(), 5);
-        assert_eq!(
-            queue
-                .counters
-                .dropped
-                .with_label_values(&["queue_full"])
-                .get(),
-            3
-        );
     }
 }

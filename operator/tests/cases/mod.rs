@@ -223,6 +223,21 @@ pub fn bad_declarations() -> Vec<(&'static str, Value, &'static str)> {
             "spec.lakefs.tls.clientCertificateRef.name: name is required",
         ),
         (
+            "spec.lineage",
+            yaml("{openLineage: {url: 'http://:5000/api/v1/lineage'}}"),
+            "spec.lineage.openLineage.url: must name a host: \"http://:5000/api/v1/lineage\", such as http://marquez:5000/api/v1/lineage",
+        ),
+        (
+            "spec.lineage",
+            yaml("{openLineage: {url: 'https://marquez:5o00/api/v1/lineage'}}"),
+            "spec.lineage.openLineage.url: has a port that is not a number up to 65535: \"https://marquez:5o00/api/v1/lineage\", such as http://marquez:5000/api/v1/lineage",
+        ),
+        (
+            "spec.lineage",
+            yaml("{openLineage: {url: 'http://marquez:5000/api/v1/lineage', namespace: ' '}}"),
+            "spec.lineage.openLineage.namespace: must not be blank; leave it out for the PeragoTask's namespace",
+        ),
+        (
             "spec.conductor",
             yaml("{domain: 'eu,us'}"),
             "spec.conductor.domain: \"eu,us\" is not a task domain",
