@@ -1813,3 +1813,311 @@ async fn each_attempt_is_one_trace_of_its_phases_in_the_collector() {
     );
     assert!(pod.stop().await.success());
 }
+
+/// An OpenLineage receiver the test owns: it takes every run event the sidecar POSTs,
+/// validates it against the OpenLineage 2-0-2 JSON schema and the schemas of its facets (the
+/// spec's own files, kept in e2e/openlineage), and answers 400 to one that is not valid.
+struct LineageReceiver {
+    url: String,
+    received: std::sync::Arc<parking_lot::Mutex<Received>>,
+}
+
+#[derive(Default)]
+struct Received {
+    events: Vec<Value>,
+    invalid: Vec<String>,
+}
+
+struct LineageSchemas {
+    event: jsonschema::Validator,
+    /// By `_schemaURL`.
+    facets: BTreeMap<String, jsonschema::Validator>,
+}
+
+impl LineageSchemas {
+    fn load() -> Self {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/openlineage");
+        let documents: Vec<Value> = [
+            "OpenLineage.json",
+            "facets/ParentRunFacet.json",
+            "facets/ErrorMessageRunFacet.json",
+        ]
+        .iter()
+        .map(|f| serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap())
+        .collect();
+        let compile = |reference: &str| {
+            let mut options = jsonschema::options().should_validate_formats(true);
+            for d in &documents {
+                options = options.with_resource(
+                    d["$id"].as_str().unwrap(),
+                    jsonschema::Resource::from_contents(d.clone()),
+                );
+            }
+            options
+                .build(&json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": reference}))
+                .unwrap()
+        };
+        let event = compile(perago_sidecar::openlineage::SCHEMA_URL);
+        let facets = [
+            perago_sidecar::openlineage::PARENT_FACET_SCHEMA_URL,
+            perago_sidecar::openlineage::ERROR_FACET_SCHEMA_URL,
+        ]
+        .into_iter()
+        .map(|url| (url.to_owned(), compile(url)))
+        .collect();
+        Self { event, facets }
+    }
+
+    /// What makes `event` invalid, if anything.
+    fn problems(&self, event: &Value) -> Vec<String> {
+        let mut problems: Vec<String> = self
+            .event
+            .iter_errors(event)
+            .map(|e| format!("{}: {e}", e.instance_path()))
+            .collect();
+        let facets = event["run"]["facets"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for (name, facet) in facets {
+            let url = facet["_schemaURL"].as_str().unwrap_or_default();
+            match self.facets.get(url) {
+                None => problems.push(format!("facet {name}: no schema {url:?}")),
+                Some(schema) => problems.extend(
+                    schema
+                        .iter_errors(&facet)
+                        .map(|e| format!("facet {name} {}: {e}", e.instance_path())),
+                ),
+            }
+        }
+        problems
+    }
+}
+
+impl LineageReceiver {
+    async fn start() -> Self {
+        use axum::http::StatusCode;
+        let schemas = std::sync::Arc::new(LineageSchemas::load());
+        // The validator is not vacuous: an event without a run id is refused.
+        assert!(!schemas.problems(&json!({"eventType": "START"})).is_empty());
+        let received = std::sync::Arc::new(parking_lot::Mutex::new(Received::default()));
+        let state = (
+            std::sync::Arc::clone(&schemas),
+            std::sync::Arc::clone(&received),
+        );
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/lineage",
+                axum::routing::post(
+                    |axum::extract::State((schemas, received)): axum::extract::State<(
+                        std::sync::Arc<LineageSchemas>,
+                        std::sync::Arc<parking_lot::Mutex<Received>>,
+                    )>,
+                     body: axum::body::Bytes| async move {
+                        let event: Value = match serde_json::from_slice(&body) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                received.lock().invalid.push(format!("not JSON: {e}"));
+                                return StatusCode::BAD_REQUEST;
+                            }
+                        };
+                        let problems = schemas.problems(&event);
+                        let mut r = received.lock();
+                        let status = if problems.is_empty() {
+                            StatusCode::CREATED
+                        } else {
+                            r.invalid.push(format!("{event}: {problems:?}"));
+                            StatusCode::BAD_REQUEST
+                        };
+                        r.events.push(event);
+                        status
+                    },
+                ),
+            )
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/api/v1/lineage", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, received }
+    }
+
+    /// The events of run `run_id` in the order they came, once `count` of them have come (or
+    /// after 30 s).
+    async fn run(&self, run_id: &str, count: usize) -> Vec<Value> {
+        let started = std::time::Instant::now();
+        loop {
+            let events: Vec<Value> = self
+                .received
+                .lock()
+                .events
+                .iter()
+                .filter(|e| e["run"]["runId"] == run_id)
+                .cloned()
+                .collect();
+            if events.len() >= count || started.elapsed() > Duration::from_secs(30) {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// With an OpenLineage endpoint, each attempt is a run of the job its task type names, in the
+/// workflow run's parent: START when the body starts, then COMPLETE naming the input and the
+/// published commits, or FAIL saying why. Every event is valid against the OpenLineage schema.
+#[tokio::test]
+async fn each_attempt_is_an_openlineage_run_of_its_task_type() {
+    let receiver = LineageReceiver::start().await;
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository("ws-openlineage", &[("data/a.txt", "a")])
+        .await;
+    let body = format!(
+        "grep -q '\"n\":0' \"$PERAGO_PARAMS\" && exit 3\n\
+         echo x > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"
+    );
+    let controls = "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}";
+    let (api, pod) = task_pod_with(
+        "ws.openlineage",
+        "{prefix: /data}",
+        controls,
+        &body,
+        &[
+            ("PERAGO_OPENLINEAGE_URL", receiver.url.as_str()),
+            ("PERAGO_OPENLINEAGE_NAMESPACE", "perago-e2e"),
+        ],
+    )
+    .await;
+    let mut runs = Vec::new();
+    for (case, n) in [("published", 1), ("failed", 0)] {
+        let input = json!({"workspace": workspace(&repo, &input), "params": {"n": n}});
+        runs.push(
+            api.finished(&api.start("ws.openlineage", case, input).await)
+                .await,
+        );
+    }
+    let (published, failed) = (only_task(&runs[0]), only_task(&runs[1]));
+    assert_eq!(published["status"], "COMPLETED", "{}", pod.log());
+    assert_eq!(failed["status"], "FAILED", "{}", pod.log());
+    let head = lake.head(&repo).await;
+    assert_ne!(head, input);
+    let namespace = lake.endpoint.replacen("http://", "lakefs://", 1);
+    let dataset =
+        |commit: &str| json!([{"namespace": namespace, "name": format!("{repo}/{commit}/data")}]);
+    let run_id = |task: &Value| {
+        perago_sidecar::openlineage::attempt_run_id(task["taskId"].as_str().unwrap())
+    };
+
+    let ok = receiver.run(&run_id(published), 2).await;
+    let types = |events: &[Value]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| e["eventType"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(types(&ok), ["START", "COMPLETE"], "{ok:#?}\n{}", pod.log());
+    for event in &ok {
+        assert_eq!(
+            event["job"],
+            json!({"namespace": "perago-e2e", "name": "ws.openlineage"})
+        );
+        assert_eq!(event["inputs"], dataset(&input), "{event:#}");
+        let parent = &event["run"]["facets"]["parent"];
+        assert_eq!(
+            parent["job"],
+            json!({"namespace": "perago-e2e", "name": "ws.openlineage.published"})
+        );
+        assert_eq!(parent["run"]["runId"], runs[0]["workflowId"], "{event:#}");
+    }
+    assert_eq!(ok[0]["outputs"], json!([]));
+    assert_eq!(ok[1]["outputs"], dataset(&head), "the published commit");
+
+    let bad = receiver.run(&run_id(failed), 2).await;
+    assert_eq!(types(&bad), ["START", "FAIL"], "{bad:#?}");
+    let error = &bad[1]["run"]["facets"]["errorMessage"];
+    assert!(
+        error["message"].as_str().is_some_and(|m| m.contains('3')),
+        "the failure's reason: {error:#}"
+    );
+    assert_eq!(
+        bad[1]["run"]["facets"]["parent"]["run"]["runId"],
+        runs[1]["workflowId"]
+    );
+    assert_eq!(bad[1]["outputs"], json!([]));
+    let invalid = receiver.received.lock().invalid.clone();
+    assert!(invalid.is_empty(), "{invalid:#?}");
+    let metrics = pod
+        .metrics_with(&["perago_sidecar_openlineage_events_sent_total 4"])
+        .await;
+    assert!(
+        metrics.contains("perago_sidecar_openlineage_events_sent_total 4"),
+        "{metrics}"
+    );
+    assert!(pod.stop().await.success());
+}
+
+/// An OpenLineage endpoint that takes connections and never answers holds no attempt up:
+/// the attempts complete as ever, and the events that could not be sent are counted.
+#[tokio::test]
+async fn an_openlineage_endpoint_that_never_answers_holds_no_attempt_up() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/api/v1/lineage", listener.local_addr().unwrap());
+    // Accept and keep every connection, read nothing, answer nothing.
+    let held = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let holder = std::sync::Arc::clone(&held);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            holder.lock().push(stream);
+        }
+    });
+    let lake = Lake::new().await;
+    let (repo, input) = lake
+        .repository("ws-openlineage-down", &[("a.txt", "a")])
+        .await;
+    let (api, pod) = task_pod_with(
+        "ws.openlineage.down",
+        "{prefix: /}",
+        "{retry: {count: 0, delaySeconds: 0}, timeout: {responseSeconds: 30}}",
+        &format!("echo \"$PERAGO_TASK_ID\" > \"$PERAGO_WORKSPACE/b.txt\"\n{COUNT_FILES}\n"),
+        &[
+            ("PERAGO_OPENLINEAGE_URL", url.as_str()),
+            ("PERAGO_OPENLINEAGE_TIMEOUT_MS", "300"),
+            ("PERAGO_OPENLINEAGE_QUEUE_SIZE", "2"),
+        ],
+    )
+    .await;
+    // One after another, each on the commit the one before published.
+    let started = std::time::Instant::now();
+    let mut reference = input;
+    for case in ["one", "two", "three"] {
+        let wf = run_on(&api, "ws.openlineage.down", case, &repo, &reference).await;
+        assert_eq!(only_task(&wf)["status"], "COMPLETED", "{wf}\n{}", pod.log());
+        reference = lake.head(&repo).await;
+    }
+    let took = started.elapsed();
+    let metrics = pod
+        .metrics_with(&[
+            "perago_sidecar_openlineage_events_dropped_total{reason=\"export_failed\"}",
+        ])
+        .await;
+    let dropped: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("perago_sidecar_openlineage_events_dropped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(dropped > 0, "{metrics}");
+    assert!(
+        metrics.contains("perago_sidecar_openlineage_events_sent_total 0"),
+        "{metrics}"
+    );
+    assert!(!held.lock().is_empty(), "the sidecar did try the endpoint");
+    println!("three attempts with the endpoint not answering: {took:?}, {dropped} events dropped");
+    // A stop waits for the queue at most twice the request timeout.
+    let stopping = std::time::Instant::now();
+    assert!(pod.stop().await.success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopping.elapsed()
+    );
+}
