@@ -1,7 +1,11 @@
 //! Executor pods on a real kubelet: the operator installed by Helm in the cluster once, and
 //! each test's PeragoTasks run by the pods the operator makes. The tests are grouped by what
 //! they show (`pods/publish.rs`, `failures.rs`, `scaling.rs`, `security.rs`, `gateway.rs`,
-//! `operate.rs`, `lineage.rs`); this file holds the cluster and the steps they share.
+//! `operate.rs`, `lineage.rs`, `support_bundle.rs`, `gitops.rs`); this file holds the cluster
+//! and the steps they share.
+//!
+//! Every test holds a [`Turn`] for its whole run: shared with the others, or alone, with no
+//! other test running, for one that stops the operator (the GitOps race scales it to zero).
 
 #![allow(clippy::unwrap_used)]
 
@@ -17,12 +21,14 @@ use perago_e2e::policies::PolicyEnforcer;
 use perago_e2e::workload::{Workload, merge, workspace_task_with};
 use perago_e2e::{Selection, Services, shared};
 use serde_json::json;
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex, OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[path = "pods/failures.rs"]
 mod failures;
 #[path = "pods/gateway.rs"]
 mod gateway;
+#[path = "pods/gitops.rs"]
+mod gitops;
 #[path = "pods/lineage.rs"]
 mod lineage;
 #[path = "pods/operate.rs"]
@@ -38,12 +44,56 @@ mod support_bundle;
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
+/// Flux's controllers and Git server, started by the first GitOps scenario (`pods/gitops.rs`).
+static FLUX: OnceCell<perago_e2e::flux::Flux> = OnceCell::const_new();
+/// The tests' turns on the operator: shared, or one test alone while it stops the operator.
+/// tokio's lock is fair: a test waiting to be alone waits only for the turns taken before it.
+static TURNS: RwLock<()> = RwLock::const_new(());
+
+/// A test's turn on a lock of the binary, held (never read) until the test ends.
+struct Turn {
+    lock: &'static RwLock<()>,
+    guard: Mutex<Option<Guard>>,
+}
+
+#[allow(dead_code)]
+enum Guard {
+    Shared(RwLockReadGuard<'static, ()>),
+    Alone(RwLockWriteGuard<'static, ()>),
+}
+
+impl Turn {
+    /// A turn shared with the other tests of `lock`.
+    async fn shared(lock: &'static RwLock<()>) -> Self {
+        let guard = Guard::Shared(lock.read().await);
+        Self {
+            lock,
+            guard: Mutex::new(Some(guard)),
+        }
+    }
+
+    /// Let the turn go before the test ends.
+    async fn release(&self) {
+        *self.guard.lock().await = None;
+    }
+
+    /// From now on, no other test of this lock runs until this one ends.
+    async fn alone(&self) {
+        let mut guard = self.guard.lock().await;
+        if let Some(Guard::Shared(_)) = *guard {
+            // The shared turn goes first, or the wait to be alone would never end.
+            *guard = None;
+            *guard = Some(Guard::Alone(self.lock.write().await));
+        }
+    }
+}
 
 /// The node, with the operator installed from the chart (once per test binary); `None` when
 /// the developer opted out of the node's tests. NetworkPolicies are enforced, and every
 /// executor pod and the operator run under the chart's (`Cluster::network_policy_values`):
-/// each test here shows they let through what a task needs.
-async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
+/// each test here shows they let through what a task needs. No turn is taken: [`cluster`]
+/// takes one.
+async fn operator(test: &str) -> Option<(&'static Services, &'static Cluster)> {
     if perago_e2e::node_opted_out(test) {
         return None;
     }
@@ -75,6 +125,12 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
         })
         .await;
     Some((services, cluster))
+}
+
+/// [`operator`], with a turn shared with the other tests, to hold until the test ends.
+async fn cluster(test: &str) -> Option<(Turn, &'static Services, &'static Cluster)> {
+    let (services, cluster) = operator(test).await?;
+    Some((Turn::shared(&TURNS).await, services, cluster))
 }
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {

@@ -17,7 +17,7 @@ echo "body finished $PERAGO_EXECUTION_ID"
 /// publishes and reports it, and only then exits, within the grace period the operator set.
 #[tokio::test]
 async fn a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_stopping_pod_publishes_and_reports_its_attempt_before_it_exits").await
     else {
         return;
@@ -151,7 +151,7 @@ printf '{"files": 1}' > "$PERAGO_RESULT"
 /// publishes once.
 #[tokio::test]
 async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publishes_once() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publishes_once")
             .await
     else {
@@ -231,7 +231,7 @@ async fn a_body_killed_by_its_memory_limit_fails_saying_so_and_the_retry_publish
 /// restarted sidecar takes publishes once, with no staging branch left behind.
 #[tokio::test]
 async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_sidecar_killed_mid_attempt_is_retried_and_publishes_once").await
     else {
         return;
@@ -342,7 +342,7 @@ async fn a_sidecar_killed_mid_attempt_is_retried_and_publishes_once() {
 /// unschedulable, refused by Pod Security admission) show in the PeragoTask's status and events with the pod's own reason.
 #[tokio::test]
 async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("pods_that_cannot_start_show_in_the_task_status_and_events").await
     else {
         return;
@@ -428,7 +428,7 @@ async fn pods_that_cannot_start_show_in_the_task_status_and_events() {
 /// removed, and the same pod then publishes a workspace that fits.
 #[tokio::test]
 async fn a_full_work_volume_fails_the_download_and_the_pod_serves_on() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_full_work_volume_fails_the_download_and_the_pod_serves_on").await
     else {
         return;
@@ -517,7 +517,7 @@ async fn a_full_work_volume_fails_the_download_and_the_pod_serves_on() {
 /// without a change of its own.
 #[tokio::test]
 async fn a_deployment_the_api_server_refuses_shows_in_the_task_status() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_deployment_the_api_server_refuses_shows_in_the_task_status").await
     else {
         return;

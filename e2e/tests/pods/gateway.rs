@@ -250,7 +250,7 @@ with open(os.environ["PERAGO_RESULT"], "w") as f:
 /// and its condition and `kubectl perago status` say the gateway refused it.
 #[tokio::test]
 async fn the_gateway_admits_the_sidecar_and_refuses_the_body_beside_it() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("the_gateway_admits_the_sidecar_and_refuses_the_body_beside_it").await
     else {
         return;
@@ -517,7 +517,7 @@ async fn a_renewed_client_certificate_is_presented_while_workflows_run() {
     /// presents the new certificate. Half a second more for the request to reach nginx.
     const RELOAD_BOUND: f64 = 1.5;
 
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_renewed_client_certificate_is_presented_while_workflows_run").await
     else {
         return;

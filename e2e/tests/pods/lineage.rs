@@ -97,7 +97,7 @@ async fn publication_with_image_id(
 
 #[tokio::test]
 async fn a_publication_names_the_image_digest_its_pod_ran_even_after_the_tag_moves() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_publication_names_the_image_digest_its_pod_ran_even_after_the_tag_moves").await
     else {
         return;

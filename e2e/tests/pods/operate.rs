@@ -60,7 +60,7 @@ async fn step_statuses(conductor: &ConductorApi, workflows: &[String]) -> Vec<St
 /// `kubectl get` and `status` show it suspended; a resume drains the two queued steps.
 #[tokio::test]
 async fn status_suspend_and_resume_operate_a_task_from_its_name() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("status_suspend_and_resume_operate_a_task_from_its_name").await
     else {
         return;
@@ -235,7 +235,8 @@ async fn status_suspend_and_resume_operate_a_task_from_its_name() {
 /// named under "Not read" (exit 1).
 #[tokio::test]
 async fn status_says_what_it_could_not_read() {
-    let Some((_services, cluster)) = cluster("status_says_what_it_could_not_read").await else {
+    let Some((_turn, _services, cluster)) = cluster("status_says_what_it_could_not_read").await
+    else {
         return;
     };
     let (namespace, name) = ("pods-operate-unread", "lonely");
@@ -309,7 +310,8 @@ async fn status_says_what_it_could_not_read() {
 /// placeholders filled: the operator's rollout, declaring a task, listing it, its status.
 #[tokio::test]
 async fn the_commands_the_chart_notes_print_run() {
-    let Some((_services, cluster)) = cluster("the_commands_the_chart_notes_print_run").await else {
+    let Some((_turn, _services, cluster)) = cluster("the_commands_the_chart_notes_print_run").await
+    else {
         return;
     };
     let (namespace, name) = ("pods-notes", "noted");
@@ -376,7 +378,7 @@ async fn the_commands_the_chart_notes_print_run() {
 /// Current, one whose pods are still coming as InProgress and an invalid one as Failed.
 #[tokio::test]
 async fn flux_kstatus_reads_ready_rolling_out_invalid_and_suspended_tasks() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("flux_kstatus_reads_ready_rolling_out_invalid_and_suspended_tasks").await
     else {
         return;
@@ -446,7 +448,7 @@ async fn flux_kstatus_reads_ready_rolling_out_invalid_and_suspended_tasks() {
 /// the one whose task is still scheduled.
 #[tokio::test]
 async fn the_staging_gc_cronjob_removes_dead_attempts_branches() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("the_staging_gc_cronjob_removes_dead_attempts_branches").await
     else {
         return;
@@ -520,7 +522,8 @@ async fn the_staging_gc_cronjob_removes_dead_attempts_branches() {
 /// flag still wins, and a task that does not exist is one line naming it.
 #[tokio::test]
 async fn kubectl_perago_finds_the_servers_of_a_task() {
-    let Some((services, cluster)) = cluster("kubectl_perago_finds_the_servers_of_a_task").await
+    let Some((_turn, services, cluster)) =
+        cluster("kubectl_perago_finds_the_servers_of_a_task").await
     else {
         return;
     };

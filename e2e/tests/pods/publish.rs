@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn a_workspace_step_is_published_by_a_real_executor_pod() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_workspace_step_is_published_by_a_real_executor_pod").await
     else {
         return;
@@ -249,7 +249,7 @@ async fn a_workspace_step_is_published_by_a_real_executor_pod() {
 /// `kubectl apply` naming the field.
 #[tokio::test]
 async fn a_pod_template_places_the_pod_and_gives_the_body_its_volumes() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_pod_template_places_the_pod_and_gives_the_body_its_volumes").await
     else {
         return;
@@ -386,7 +386,7 @@ printf '{"files": 1}' > "$PERAGO_RESULT"
 /// The init container's static runner starts it, and its workspace is published.
 #[tokio::test]
 async fn a_compiled_body_in_an_image_without_a_shell_is_published() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_compiled_body_in_an_image_without_a_shell_is_published").await
     else {
         return;
@@ -438,7 +438,7 @@ async fn a_compiled_body_in_an_image_without_a_shell_is_published() {
 /// claim goes away with the pod.
 #[tokio::test]
 async fn an_ephemeral_work_volume_from_a_storage_class_carries_the_workspace() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("an_ephemeral_work_volume_from_a_storage_class_carries_the_workspace").await
     else {
         return;
@@ -595,7 +595,7 @@ def split(workspace: Path, params: Params) -> Result:
 
 #[tokio::test]
 async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node").await
     else {
         return;

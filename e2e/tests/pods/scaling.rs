@@ -7,7 +7,7 @@ use super::*;
 /// queued attempts complete, and the pods go away after the window.
 #[tokio::test]
 async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero").await
     else {
         return;
@@ -104,7 +104,7 @@ async fn an_autoscaled_task_goes_from_zero_to_pods_and_back_to_zero() {
 /// is empty keeps the pod that runs its attempt, and goes to zero once the attempt is done.
 #[tokio::test]
 async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("an_autoscaled_task_keeps_the_pod_that_runs_an_attempt").await
     else {
         return;
@@ -187,7 +187,7 @@ async fn an_autoscaled_task_keeps_the_pod_that_runs_an_attempt() {
 /// `PERAGO_E2E_SCALE_IN_ROUNDS` sets the rounds (5).
 #[tokio::test]
 async fn scale_ins_remove_idle_pods_and_keep_the_busy_ones() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("scale_ins_remove_idle_pods_and_keep_the_busy_ones").await
     else {
         return;
@@ -387,7 +387,7 @@ printf '{"files": 1}' > "$PERAGO_RESULT"
 /// exactly one squash commit from that attempt, and no staging branch is left.
 #[tokio::test]
 async fn attempts_survive_scaling_and_rollouts_without_loss_or_double_publication() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("attempts_survive_scaling_and_rollouts_without_loss_or_double_publication").await
     else {
         return;
@@ -477,7 +477,7 @@ async fn attempts_survive_scaling_and_rollouts_without_loss_or_double_publicatio
 /// task to its `minReplicas`, the operator follows with pods, and it does not fight the HPA.
 #[tokio::test]
 async fn an_hpa_owns_the_replicas_of_a_task_and_the_operator_follows() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("an_hpa_owns_the_replicas_of_a_task_and_the_operator_follows").await
     else {
         return;
@@ -560,7 +560,7 @@ async fn an_hpa_owns_the_replicas_of_a_task_and_the_operator_follows() {
 /// names the sibling that registered it, and gets no pods.
 #[tokio::test]
 async fn task_domains_route_work_to_their_own_pods_and_scale_them() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("task_domains_route_work_to_their_own_pods_and_scale_them").await
     else {
         return;

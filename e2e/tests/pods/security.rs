@@ -45,7 +45,8 @@ printf '{"files": 0}' > "$PERAGO_RESULT"
 /// can see, not in the shared work volume, and it has no ServiceAccount token.
 #[tokio::test]
 async fn the_body_cannot_read_the_sidecars_credentials() {
-    let Some((services, cluster)) = cluster("the_body_cannot_read_the_sidecars_credentials").await
+    let Some((_turn, services, cluster)) =
+        cluster("the_body_cannot_read_the_sidecars_credentials").await
     else {
         return;
     };
@@ -141,7 +142,7 @@ async fn network_policies_confine_executor_pods_and_the_operator() {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use perago_e2e::cluster::{OPERATOR_NAMESPACE, SCRAPER_LABEL};
 
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("network_policies_confine_executor_pods_and_the_operator").await
     else {
         return;

@@ -76,7 +76,7 @@ fn line_of(lines: &[&str], needle: &str, from: usize) -> usize {
 /// reports it; and once the pod is gone, one line saying where its lines could be.
 #[tokio::test]
 async fn logs_show_an_attempts_body_and_sidecar_lines_in_order() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("logs_show_an_attempts_body_and_sidecar_lines_in_order").await
     else {
         return;
@@ -358,7 +358,7 @@ fn assert_no_secret(files: &[(String, String)]) {
 /// operator's part; `-O DIR` writes the same files into a directory.
 #[tokio::test]
 async fn report_writes_a_task_and_the_operator_without_their_secrets() {
-    let Some((services, cluster)) =
+    let Some((_turn, services, cluster)) =
         cluster("report_writes_a_task_and_the_operator_without_their_secrets").await
     else {
         return;
@@ -592,7 +592,7 @@ fn secretless_kubeconfig(cluster: &Cluster, namespace: &str, account: &str, dir:
 /// (exit 2).
 #[tokio::test]
 async fn logs_and_report_of_a_task_that_does_not_exist_say_so_in_one_line() {
-    let Some((_services, cluster)) =
+    let Some((_turn, _services, cluster)) =
         cluster("logs_and_report_of_a_task_that_does_not_exist_say_so_in_one_line").await
     else {
         return;

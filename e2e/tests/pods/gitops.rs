@@ -17,99 +17,114 @@
 //!   operator up, Flux's first health check of a new task came before the operator's first
 //!   status (not asserted: it is a race).
 //!
-//! The operator's webhook runs with `failurePolicy: Ignore` here, so that a task can be applied
-//! while no operator replica serves it (the chart's values say that is what Ignore is for).
-
-#![allow(clippy::unwrap_used)]
+//! The scenarios run on the operator and the node of the rest of this binary, Flux started by the
+//! first of them. The race has the binary alone once it stops the operator, and then sets the
+//! webhook's `failurePolicy` to `Ignore`, so that a task can be applied while no operator replica
+//! serves it (the chart's values say that is what Ignore is for); afterwards it puts back the
+//! installed replicas and `Fail`, as the other tests expect them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
+use perago_e2e::cluster::{
+    Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, WEBHOOK_CONFIGURATION,
+};
 use perago_e2e::flux::{self, Flux, Repository};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::RwLock;
 
-/// The node with the operator and Flux, once per test binary.
-struct Setup {
-    cluster: Cluster,
-    flux: Flux,
-}
+use super::{FLUX, TURNS, Turn, operator};
 
-static SETUP: OnceCell<Setup> = OnceCell::const_new();
-/// Scenarios share the operator and the Git server; one that stops either (the race scales the
-/// operator to zero, the lost Git server stops it) has them alone.
-static SHARED: RwLock<()> = RwLock::const_new(());
+/// The scenarios share the Git server; the one that stops it (the lost Git server) has it
+/// alone. Taken after a turn of `TURNS`, and let go before waiting to be alone there.
+static GIT: RwLock<()> = RwLock::const_new(());
 
-/// A scenario's turn: held (never read) for the whole test.
-#[allow(dead_code)]
-enum Turn {
-    Shared(RwLockReadGuard<'static, ()>),
-    Alone(RwLockWriteGuard<'static, ()>),
-}
-
-/// One test's view of the setup.
+/// One test's view of the node, the operator and Flux.
 struct Scenario {
     cluster: &'static Cluster,
     flux: &'static Flux,
     /// A client of this test's own runtime (one made on another test's would stop with it).
     client: kube::Client,
-    turn: Mutex<Option<Turn>>,
+    /// Held (never read) for the whole test: its turns on the operator and on the Git server.
+    node: Turn,
+    git: Turn,
 }
 
 impl Scenario {
-    /// From now on, no other scenario runs until this one ends.
+    /// From now on, no other test of the binary runs until this one ends: the operator may
+    /// stop. Nor does any other scenario, so the Git server is this one's too.
     async fn alone(&self) {
-        let mut turn = self.turn.lock().await;
-        if let Some(Turn::Shared(_)) = *turn {
-            // The shared turn goes first, or the wait for the setup alone would never end.
-            *turn = None;
-            *turn = Some(Turn::Alone(SHARED.write().await));
+        // The turn on the Git server goes first: a test waiting to be alone with it holds a
+        // turn on the operator, which this one waits for.
+        self.git.release().await;
+        self.node.alone().await;
+    }
+
+    /// From now on, no other GitOps scenario runs until this one ends: the Git server may stop.
+    async fn alone_with_git(&self) {
+        self.git.alone().await;
+    }
+}
+
+/// A scenario's Flux objects and namespace, deleted when the scenario ends (also when it fails),
+/// without waiting: every executor pod requests a share of the node's CPU, and the other tests
+/// of the binary need theirs.
+struct Cleanup {
+    cluster: &'static Cluster,
+    name: &'static str,
+    namespace: &'static str,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let flux_objects = [
+            format!("kustomization/{}", self.name),
+            format!("gitrepository/{}", self.name),
+        ];
+        for args in [
+            vec![
+                "delete",
+                "-n",
+                flux::NAMESPACE,
+                &flux_objects[0],
+                &flux_objects[1],
+            ],
+            vec!["delete", "namespace", self.namespace],
+        ] {
+            let args = [args.as_slice(), &["--ignore-not-found", "--wait=false"]].concat();
+            if let Err(e) = self.cluster.kubectl(&args) {
+                eprintln!("{}: {e:#}", args.join(" "));
+            }
         }
     }
 }
 
-async fn setup(test: &str, alone: bool) -> Option<Scenario> {
-    if perago_e2e::node_opted_out(test) {
-        return None;
-    }
-    let services = shared(Selection::ALL).await;
-    let setup = SETUP
+async fn setup(test: &str) -> Option<Scenario> {
+    let (services, cluster) = operator(test).await?;
+    let flux = FLUX
         .get_or_init(|| async {
-            let cluster = Cluster::new(services).unwrap();
-            let took = cluster
-                .install_operator(&[
-                    "--set",
-                    "replicas=1",
-                    "--set",
-                    "webhook.failurePolicy=Ignore",
-                ])
-                .unwrap();
-            eprintln!("operator installed by helm and available in {took:.1?}");
             let started = Instant::now();
-            let flux = Flux::start(services.dir(), &cluster).await.unwrap();
+            let flux = Flux::start(services.dir(), cluster).await.unwrap();
             eprintln!(
                 "Flux's CRDs, controllers and Git server ready in {:.1?}",
                 started.elapsed()
             );
-            Setup { cluster, flux }
+            flux
         })
         .await;
-    let turn = if alone {
-        Turn::Alone(SHARED.write().await)
-    } else {
-        Turn::Shared(SHARED.read().await)
-    };
+    let node = Turn::shared(&TURNS).await;
+    let git = Turn::shared(&GIT).await;
     Some(Scenario {
-        cluster: &setup.cluster,
-        flux: &setup.flux,
+        cluster,
+        flux,
         client: services.kube().client().await.unwrap(),
-        turn: Mutex::new(Some(turn)),
+        node,
+        git,
     })
 }
 
@@ -363,29 +378,109 @@ fn describe(setup: &Scenario, name: &str, namespace: &str) -> String {
     )
 }
 
-fn scale_operator(cluster: &Cluster, replicas: u32) {
-    cluster
-        .kubectl(&[
-            "scale",
+fn scale_operator(cluster: &Cluster, replicas: u32) -> anyhow::Result<()> {
+    cluster.kubectl(&[
+        "scale",
+        "-n",
+        OPERATOR_NAMESPACE,
+        &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+        &format!("--replicas={replicas}"),
+    ])?;
+    if replicas == 0 {
+        cluster.kubectl(&[
+            "wait",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--for=delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=perago-operator",
+            "--timeout=120s",
+        ])?;
+    }
+    Ok(())
+}
+
+fn set_failure_policy(cluster: &Cluster, policy: &str) -> anyhow::Result<()> {
+    let patch = json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": policy}]);
+    cluster.kubectl(&[
+        "patch",
+        "validatingwebhookconfiguration",
+        WEBHOOK_CONFIGURATION,
+        "--type=json",
+        "-p",
+        &patch.to_string(),
+    ])?;
+    Ok(())
+}
+
+/// The operator as the race may stop it: while this lives the webhook's `failurePolicy` is
+/// `Ignore`; dropped, also when the test fails, it puts back the replicas and the policy the
+/// operator was installed with and waits until the webhook answers, as the other tests expect.
+struct OperatorHeld {
+    cluster: &'static Cluster,
+    /// The Deployment's replicas as installed.
+    replicas: u32,
+    policy: String,
+}
+
+impl OperatorHeld {
+    fn take(cluster: &'static Cluster) -> Self {
+        let replicas = cluster
+            .kubectl(&[
+                "get",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &format!("deployment/{OPERATOR_DEPLOYMENT}"),
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ])
+            .unwrap();
+        let policy = cluster
+            .kubectl(&[
+                "get",
+                "validatingwebhookconfiguration",
+                WEBHOOK_CONFIGURATION,
+                "-o",
+                "jsonpath={.webhooks[0].failurePolicy}",
+            ])
+            .unwrap();
+        set_failure_policy(cluster, "Ignore").unwrap();
+        Self {
+            cluster,
+            replicas: replicas.trim().parse().unwrap(),
+            policy: policy.trim().to_owned(),
+        }
+    }
+
+    fn restore(&self) -> anyhow::Result<()> {
+        scale_operator(self.cluster, self.replicas)?;
+        self.cluster.kubectl(&[
+            "rollout",
+            "status",
             "-n",
             OPERATOR_NAMESPACE,
             &format!("deployment/{OPERATOR_DEPLOYMENT}"),
-            &format!("--replicas={replicas}"),
-        ])
-        .unwrap();
-    if replicas == 0 {
-        cluster
-            .kubectl(&[
-                "wait",
-                "-n",
-                OPERATOR_NAMESPACE,
-                "--for=delete",
-                "pod",
-                "-l",
-                "app.kubernetes.io/name=perago-operator",
-                "--timeout=120s",
-            ])
-            .unwrap();
+            "--timeout=180s",
+        ])?;
+        set_failure_policy(self.cluster, &self.policy)?;
+        self.cluster.wait_for_webhook()
+    }
+}
+
+impl Drop for OperatorHeld {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            let said = format!(
+                "the operator was not put back as installed ({} replicas, failurePolicy {}): {e:#}",
+                self.replicas, self.policy
+            );
+            if std::thread::panicking() {
+                eprintln!("{said}");
+            } else {
+                panic!("{said}");
+            }
+        }
     }
 }
 
@@ -393,17 +488,19 @@ fn scale_operator(cluster: &Cluster, replicas: u32) {
 /// pruned, the others stay.
 #[tokio::test]
 async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() {
-    let Some(scenario) = setup(
-        "a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git",
-        false,
-    )
-    .await
+    let Some(scenario) =
+        setup("a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git").await
     else {
         return;
     };
     let setup = &scenario;
     let (name, namespace) = ("examples", "gitops-examples");
     setup.cluster.task_namespace(namespace).unwrap();
+    let _cleanup = Cleanup {
+        cluster: setup.cluster,
+        name,
+        namespace,
+    };
     let repository = setup.flux.git.repository(name).unwrap();
     let examples = [
         ("workspace-task.yaml", "features-build"),
@@ -565,17 +662,19 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
 /// the operator to come back and the task to be Ready.
 #[tokio::test]
 async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks() {
-    let Some(scenario) = setup(
-        "with_the_operator_down_flux_waits_only_with_the_shipped_health_checks",
-        true,
-    )
-    .await
+    let Some(scenario) =
+        setup("with_the_operator_down_flux_waits_only_with_the_shipped_health_checks").await
     else {
         return;
     };
     let setup = &scenario;
     let (name, namespace) = ("race", "gitops-race");
     setup.cluster.task_namespace(namespace).unwrap();
+    let _cleanup = Cleanup {
+        cluster: setup.cluster,
+        name,
+        namespace,
+    };
     let repository = setup.flux.git.repository(name).unwrap();
     let write_task = |task: &str| {
         repository
@@ -614,8 +713,11 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
         seen.after(seen.tasks_ready.get("first").copied()).unwrap(),
     );
 
-    // Without health expressions: the operator scaled to zero, a second task committed.
-    scale_operator(setup.cluster, 0);
+    // Without health expressions: the operator scaled to zero, a second task committed. The
+    // other tests wait on the operator, so from here they wait for this one.
+    setup.alone().await;
+    let installed = OperatorHeld::take(setup.cluster);
+    scale_operator(setup.cluster, 0).unwrap();
     write_task("second");
     let commit = repository.commit("A second task").unwrap();
     request_reconcile(setup.cluster, name);
@@ -650,7 +752,7 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
         describe(setup, name, namespace)
     );
     let operator_back = Instant::now();
-    scale_operator(setup.cluster, 1);
+    scale_operator(setup.cluster, installed.replicas).unwrap();
     let back = watch(
         setup,
         name,
@@ -698,7 +800,7 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
         "the Kustomization with health expressions was not Ready\n{}",
         describe(setup, name, namespace)
     );
-    scale_operator(setup.cluster, 0);
+    scale_operator(setup.cluster, 0).unwrap();
     write_task("third");
     let commit = repository.commit("A third task").unwrap();
     request_reconcile(setup.cluster, name);
@@ -717,7 +819,7 @@ async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks()
     let message = condition(&ks, "Ready").map(|c| c["message"].clone());
     eprintln!("race with health expressions: while the operator is down, Flux says {message:?}");
     let operator_back = Instant::now();
-    scale_operator(setup.cluster, 1);
+    scale_operator(setup.cluster, installed.replicas).unwrap();
     let seen = watch(setup, name, &commit, namespace, &["third"], limit, |seen| {
         seen.flux_ready.is_some() && seen.tasks_ready.contains_key("third")
     })
@@ -848,17 +950,19 @@ async fn notify_once(task: &str, case: &str) {
 /// and the task runs on.
 #[tokio::test]
 async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
-    let Some(scenario) = setup(
-        "bad_commits_and_a_lost_git_server_leave_the_running_task_alone",
-        false,
-    )
-    .await
+    let Some(scenario) =
+        setup("bad_commits_and_a_lost_git_server_leave_the_running_task_alone").await
     else {
         return;
     };
     let setup = &scenario;
     let (name, namespace) = ("failures", "gitops-failures");
     setup.cluster.task_namespace(namespace).unwrap();
+    let _cleanup = Cleanup {
+        cluster: setup.cluster,
+        name,
+        namespace,
+    };
     let repository = setup.flux.git.repository(name).unwrap();
     let running = "notify-owner";
     let step = format!("{namespace}.{running}");
@@ -1035,7 +1139,7 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
         assert!(gone, "{sibling} is still there");
     }
     // The other scenarios pull from the same Git server.
-    setup.alone().await;
+    setup.alone_with_git().await;
     setup.flux.git.stop();
     let sources = Api::<DynamicObject>::namespaced_with(
         setup.client.clone(),
