@@ -6,6 +6,7 @@ pub mod contract;
 pub mod manifest;
 pub mod pod;
 pub mod quantity;
+pub mod rollout;
 pub mod schema;
 pub mod task;
 pub mod taskdef;

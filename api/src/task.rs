@@ -143,6 +143,10 @@ pub struct PeragoTaskSpec {
     /// queue waits. `false` (or absent) resumes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+    /// How a change of the executor's pod template reaches the pods: replace them all (the
+    /// default), or a canary judged by its attempts (docs/rollouts.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutSpec>,
 }
 
 fn default_true() -> bool {
@@ -846,6 +850,9 @@ pub struct PeragoTaskStatus {
     /// SHA-256 of the TaskDef document registered in Conductor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_def_hash: Option<String>,
+    /// The last canary rollout of the executor's pod template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutStatus>,
 }
 
 /// One change of replicas by the operator's autoscaling.

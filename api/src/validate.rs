@@ -83,6 +83,9 @@ pub fn validate(spec: &PeragoTaskSpec) -> Result<Vec<String>, FieldError> {
         check_application_metrics(&metrics.application)?;
     }
     check_executor(spec)?;
+    if let Some(rollout) = &spec.rollout {
+        crate::rollout::check(rollout)?;
+    }
     if let Some(problem) = spec.domain().and_then(perago_contract::domain::problem) {
         return Err(FieldError::new("spec.conductor.domain", problem));
     }

@@ -123,6 +123,22 @@ pub async fn ask_again(
     }
 }
 
+/// Ask `pods` (a canary's) again when their figures are older than `max_age`: a canary's
+/// analysis reads their finished attempts, and should see failures within seconds, not once a
+/// resync (ADR 0044).
+pub async fn ask_canary(ctx: &Context, task: &PeragoTask, pods: &[Arc<Pod>], max_age: Duration) {
+    let key = ObjectRef::from_obj(task);
+    let asks = pods.iter().filter_map(|pod| {
+        let ip = address(pod)?;
+        let name = pod.name_any();
+        let fresh = (ctx.scaler.figure(&key, &name)).is_some_and(|f| f.at.elapsed() < max_age);
+        (!fresh).then_some(async move {
+            ask(ctx, task, &name, &ip, Purpose::Reconcile, None).await;
+        })
+    });
+    futures_util::future::join_all(asks).await;
+}
+
 /// The figures the census renews in one tick: those at least `period` old, oldest first; at
 /// most `budget`.
 fn due<K>(

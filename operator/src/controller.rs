@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -20,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use perago_api::rollout::{CanaryAttempts, ROLLOUT_ORDER_ANNOTATION, RolloutOrder};
 use perago_api::task::DeletionPolicy;
 use perago_api::{FieldError, PeragoTask, PeragoTaskStatus, contract, taskdef, validate};
 
@@ -28,6 +31,7 @@ use crate::context::{Context, Error, conductor_url};
 use crate::owned;
 use crate::registrar::{self, Registrar, Registration};
 use crate::render::{self, TASK_LABEL};
+use crate::rollout::{self, Plan};
 use crate::scaler::Observed;
 use crate::scope::{Scope, Stores, Wake};
 use crate::telemetry::WaitCause;
@@ -365,21 +369,10 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         apply_owned(ctx, &ns, &ctx.owned.config_maps, cm).await?;
         // Before the Deployment, so that new pods start already bound by it.
         keep_network_policy(ctx, &ns, &task).await?;
-        let mut deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
-        // The generation that introduced this template: as this process last applied it,
-        // else as the watched Deployment records it (crate::lineage).
-        let object = render::object_name(&task);
-        let recorded = ctx.owned.template(&ns, &object).or_else(|| {
-            let live = ObjectRef::new(&object).within(&ns);
-            (ctx.owned.deployments.get(&live)).and_then(|d| crate::lineage::recorded(&d))
-        });
-        crate::lineage::pin_generation(&mut deployment, recorded);
-        if let Some(pinned) = crate::lineage::recorded(&deployment) {
-            ctx.owned.record_template(&ns, &object, pinned);
-        }
-        apply_owned(ctx, &ns, &ctx.owned.deployments, deployment).await
+        let deployment = render::deployment(&task, &contract, &ctx.defaults, replicas);
+        apply_deployments(ctx, &ns, &task, deployment, replicas, &work.pods).await
     };
-    let applied = match applied.await {
+    let (applied, plan) = match applied.await {
         Ok(applied) => applied,
         Err(Error::Kube(kube::Error::Api(refusal))) if refused(&refusal) => {
             let message = format!(
@@ -420,7 +413,31 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
         }
     }
     let was_suspended = status::says_reason(&old, "Ready", status::SUSPENDED);
-    patch_status(ctx, &api, &task, status::observed(&old, &seen)).await?;
+    let observed = status::observed(&old, &seen);
+    let in_force = !matches!(plan, Plan::Replace { .. });
+    let rollout = plan.status().cloned();
+    let event = rollout::event(old.rollout.as_ref(), rollout.as_ref());
+    if let Some(result) = rollout::ended(old.rollout.as_ref(), rollout.as_ref()) {
+        ctx.metrics.rollouts.with_label_values(&[result]).inc();
+    }
+    let canary = match &plan {
+        Plan::Canary { split, .. } => split.canary,
+        _ => 0,
+    };
+    ctx.metrics
+        .task_canary_replicas(&task)
+        .set(i64::from(canary));
+    let observed = status::with_rollout(observed, &old, generation, rollout, in_force);
+    patch_status(ctx, &api, &task, observed).await?;
+    if let Some((warning, reason, note)) = event {
+        info!(task = %task.name_any(), reason, "{note}");
+        let type_ = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish_event(ctx, &task, type_, reason, note).await;
+    }
     if task.spec.suspend != was_suspended {
         let (reason, note) = if task.spec.suspend {
             let pods = work.pods.len();
@@ -448,11 +465,135 @@ async fn apply(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {
     }
     Ok(Action::requeue(if scaled.held {
         crate::scaler::decide::SCALE_IN_AFTER_COSTS
+    } else if plan.runs() {
+        rollout::LOOK_AGAIN
     } else if rolled_out {
         ctx.resync
     } else {
         ctx.resync.min(Duration::from_secs(15))
     }))
+}
+
+/// The executor's Deployments as the rollout's plan says (ADR 0044): the stable one (the
+/// task's Deployment), and while a canary runs, the canary. Returns the stable Deployment as
+/// it is now, and the plan.
+async fn apply_deployments(
+    ctx: &Context,
+    ns: &str,
+    task: &PeragoTask,
+    rendered: Deployment,
+    replicas: i32,
+    pods: &[Arc<Pod>],
+) -> Result<(Arc<Deployment>, Plan), Error> {
+    let object = render::object_name(task);
+    let canary_name = rollout::canary_name(&object);
+    let live = |name: &str| ctx.owned.deployments.get(&ObjectRef::new(name).within(ns));
+    let (live_stable, live_canary) = (live(&object), live(&canary_name));
+    let spec = task.spec.rollout.clone().unwrap_or_default();
+    let last = task.status.as_ref().and_then(|s| s.rollout.as_ref());
+    if !spec.is_canary() && last.is_none() && live_canary.is_none() {
+        let stable = apply_pinned(ctx, ns, &object, rendered).await?;
+        return Ok((stable, Plan::Replace { status: None }));
+    }
+    let desired = crate::lineage::template_hash(&rendered).unwrap_or_default();
+    // As the watch shows it: its status is then of that template.
+    let stable_shown = live_stable.as_deref().and_then(crate::lineage::recorded);
+    let stable_hash = (ctx.owned.template(ns, &object))
+        .or_else(|| stable_shown.clone())
+        .map(|(hash, _)| hash);
+    let stable_rolled_out = stable_shown.is_some_and(|(hash, _)| hash == desired)
+        && live_stable.as_deref().is_some_and(rollout::rolled_out);
+    let canary_pods: Vec<Arc<Pod>> = (pods.iter())
+        .filter(|p| rollout::runs_canary(p, &desired))
+        .cloned()
+        .collect();
+    let attempts = if spec.is_canary() && stable_hash.as_deref() != Some(desired.as_str()) {
+        census::ask_canary(ctx, task, &canary_pods, rollout::LOOK_AGAIN).await;
+        let names: Vec<String> = canary_pods.iter().map(|p| p.name_any()).collect();
+        (ctx.scaler).canary_attempts(&ObjectRef::from_obj(task), &desired, &names)
+    } else {
+        CanaryAttempts::default()
+    };
+    let order = (task.annotations().get(ROLLOUT_ORDER_ANNOTATION))
+        .and_then(|a| RolloutOrder::parse(a, &desired));
+    let canary_ready = (live_canary.as_deref())
+        .and_then(|d| d.status.as_ref()?.ready_replicas)
+        .unwrap_or(0);
+    let plan = rollout::plan(&rollout::Seen {
+        spec: &spec,
+        last,
+        desired: &desired,
+        stable: stable_hash.as_deref(),
+        canary_ready,
+        stable_rolled_out,
+        replicas,
+        attempts,
+        order,
+        now: k8s_openapi::jiff::Timestamp::now(),
+    });
+    let stable = match &plan {
+        Plan::Replace { .. } | Plan::Promote { .. } => {
+            apply_pinned(ctx, ns, &object, rendered.clone()).await?
+        }
+        Plan::Canary { split, .. } => scale_deployment(ctx, ns, &object, split.stable).await?,
+        Plan::Stable { .. } => scale_deployment(ctx, ns, &object, replicas).await?,
+    };
+    match &plan {
+        Plan::Canary { split, .. } => {
+            let canary = rollout::canary(rendered, split.canary, &desired);
+            apply_pinned(ctx, ns, &canary_name, canary).await?;
+        }
+        // The canary's pods work on until the stable pods run their template.
+        Plan::Promote { .. } => {}
+        Plan::Replace { .. } | Plan::Stable { .. } if live_canary.is_some() => {
+            // Its pods stop polling, finish and report what they run, and go.
+            let deleted = Api::<Deployment>::namespaced(ctx.client.clone(), ns)
+                .delete(&canary_name, &DeleteParams::default())
+                .await;
+            match deleted {
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
+            ctx.owned.forget(ns, &canary_name);
+        }
+        Plan::Replace { .. } | Plan::Stable { .. } => {}
+    }
+    Ok((stable, plan))
+}
+
+/// `deployment` (named `name`) applied with the generation that introduced its template: as
+/// this process last applied it, else as the watched Deployment records it (crate::lineage).
+async fn apply_pinned(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    mut deployment: Deployment,
+) -> Result<Arc<Deployment>, Error> {
+    let recorded = ctx.owned.template(ns, name).or_else(|| {
+        let live = ObjectRef::new(name).within(ns);
+        (ctx.owned.deployments.get(&live)).and_then(|d| crate::lineage::recorded(&d))
+    });
+    crate::lineage::pin_generation(&mut deployment, recorded);
+    if let Some(pinned) = crate::lineage::recorded(&deployment) {
+        ctx.owned.record_template(ns, name, pinned);
+    }
+    apply_owned(ctx, ns, &ctx.owned.deployments, deployment).await
+}
+
+/// Deployment `name` at `replicas`, its template left as it is: the stable pods while a
+/// canary runs, or after it was rolled back.
+async fn scale_deployment(
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    replicas: i32,
+) -> Result<Arc<Deployment>, Error> {
+    let patch = json!({"spec": {"replicas": replicas}});
+    let scaled = Api::<Deployment>::namespaced(ctx.client.clone(), ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(Arc::new(scaled))
 }
 
 async fn cleanup(task: Arc<PeragoTask>, ctx: &Context) -> Result<Action, Error> {

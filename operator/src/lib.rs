@@ -18,6 +18,7 @@ pub mod queues;
 pub mod reference;
 pub mod registrar;
 pub mod render;
+pub mod rollout;
 pub mod scaler;
 pub mod scaling;
 pub mod scope;

@@ -76,7 +76,7 @@ fn generation_env(d: &mut Deployment) -> Option<&mut Option<String>> {
 }
 
 /// The hash of `d`'s pod template with the generation variable blanked.
-fn template_hash(d: &Deployment) -> Option<String> {
+pub fn template_hash(d: &Deployment) -> Option<String> {
     let mut blank = d.clone();
     if let Some(value) = generation_env(&mut blank) {
         *value = None;

@@ -332,7 +332,9 @@ fn trim_pod(pod: &mut Pod) {
     meta.creation_timestamp = None;
     if let Some(annotations) = &mut meta.annotations {
         annotations.retain(|key, _| {
-            key == crate::scaler::DELETION_COST || key == perago_api::pod::BODY_IMAGE_ID_ANNOTATION
+            key == crate::scaler::DELETION_COST
+                || key == perago_api::pod::BODY_IMAGE_ID_ANNOTATION
+                || key == crate::rollout::REVISION_ANNOTATION
         });
     }
     let Some(status) = &mut pod.status else {
@@ -461,7 +463,8 @@ mod tests {
                 "name": "t-1", "namespace": "ns", "generateName": "t-",
                 "labels": {"perago.io/task": "t"},
                 "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1", "other": "x",
-                                "perago.io/body-image-id": "sha256:1"},
+                                "perago.io/body-image-id": "sha256:1",
+                                "perago.io/rollout-revision": "r1"},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "t-abc", "uid": "u"}],
                 "deletionTimestamp": "2026-01-01T00:00:00Z",
             },
@@ -504,8 +507,21 @@ mod tests {
         let annotations = trimmed.metadata.annotations.clone().unwrap();
         assert_eq!(
             annotations.keys().collect::<Vec<_>>(),
-            [crate::scaler::DELETION_COST, "perago.io/body-image-id"]
+            [
+                crate::scaler::DELETION_COST,
+                "perago.io/body-image-id",
+                crate::rollout::REVISION_ANNOTATION
+            ]
         );
+        assert!(crate::rollout::runs_canary(
+            &{
+                let mut canary = trimmed.clone();
+                (canary.metadata.labels.get_or_insert_default())
+                    .insert(crate::rollout::TRACK_LABEL.into(), "canary".into());
+                canary
+            },
+            "r1"
+        ));
         assert_eq!(
             crate::lineage::body_image_id(&trimmed),
             Some("sha256:1"),

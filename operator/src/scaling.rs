@@ -467,6 +467,7 @@ mod tests {
                         answered: true,
                         at: long_ago,
                         polls_counted_before: Some(long_ago),
+                        finished: None,
                     };
                     running_pod(ctx, name, ip, figure)
                 })
@@ -554,6 +555,7 @@ mod tests {
                         answered: true,
                         at: observed,
                         polls_counted_before: Some(observed - Duration::from_millis(1)),
+                        finished: None,
                     };
                     running_pod(&ctx, name, ip, figure)
                 })
@@ -622,6 +624,7 @@ mod tests {
             answered: true,
             at: read,
             polls_counted_before: None,
+            finished: None,
         };
         let mut work = Observed {
             task: task.clone(),

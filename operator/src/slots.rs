@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use perago_api::rollout::CanaryAttempts;
+
 use crate::scaler::Figure;
 
 /// `/slots` requests in flight at once, across every reconcile and the census: after a restart
@@ -29,6 +31,16 @@ struct Slots {
     /// Every task a poll sent more than this long before the request brought is counted
     /// (ADR 0033); absent from sidecars older than that.
     polls_counted_older_than_ms: Option<u64>,
+    /// The pod's finished attempts by verdict (ADR 0044); absent from older sidecars.
+    finished: Option<Finished>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Finished {
+    completed: i64,
+    body_failed: i64,
+    not_judged: i64,
 }
 
 /// Asks executor pods on their metrics port, a bounded number at once.
@@ -82,6 +94,11 @@ impl SlotsClient {
                 polls_counted_before: answer
                     .polls_counted_older_than_ms
                     .and_then(|ms| sent.checked_sub(Duration::from_millis(ms))),
+                finished: answer.finished.map(|f| CanaryAttempts {
+                    completed: f.completed,
+                    failed: f.body_failed,
+                    not_judged: f.not_judged,
+                }),
             },
             Err(e) => {
                 tracing::debug!(%url, error = %perago_api::error_chain(&e), "a pod did not say how busy it is; counting it as busy");
@@ -92,6 +109,7 @@ impl SlotsClient {
                     answered: false,
                     at,
                     polls_counted_before: Some(at),
+                    finished: None,
                 }
             }
         }

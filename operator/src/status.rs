@@ -7,6 +7,7 @@ use k8s_openapi::api::apps::v1::DeploymentStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use perago_api::PeragoTaskStatus;
+use perago_api::rollout::{RolloutPhase, RolloutStatus};
 
 use crate::pods::PodProblem;
 
@@ -225,8 +226,82 @@ pub fn observed(old: &PeragoTaskStatus, seen: &Observed<'_>) -> PeragoTaskStatus
         running_attempts: Some(seen.running),
         last_scale: None,
         task_def_hash: Some(seen.task_def_hash.clone()),
+        rollout: old.rollout.clone(),
     }
 }
+
+/// `status` with what a canary rollout in force says (ADR 0044): in progress, Reconciling; a
+/// canary paused by its analysis, Stalled until a person orders; rolled back or aborted, Ready
+/// once the stable pods are, saying why the new template does not run.
+pub fn with_rollout(
+    mut status: PeragoTaskStatus,
+    old: &PeragoTaskStatus,
+    generation: Option<i64>,
+    rollout: Option<RolloutStatus>,
+    in_force: bool,
+) -> PeragoTaskStatus {
+    let Some(r) = rollout.as_ref().filter(|_| in_force) else {
+        status.rollout = rollout;
+        return status;
+    };
+    let message = r.message.as_str();
+    let said3 = match r.phase {
+        RolloutPhase::Progressing => Some([
+            said(false, ROLLOUT_PROGRESSING, message),
+            said(true, ROLLOUT_PROGRESSING, message),
+            said(false, "Valid", ""),
+        ]),
+        RolloutPhase::Promoting => Some([
+            said(false, ROLLOUT_PROMOTING, message),
+            said(true, ROLLOUT_PROMOTING, message),
+            said(false, "Valid", ""),
+        ]),
+        RolloutPhase::Paused => Some([
+            said(false, ROLLOUT_PAUSED, message),
+            said(false, ROLLOUT_PAUSED, ""),
+            said(true, ROLLOUT_PAUSED, message),
+        ]),
+        RolloutPhase::RolledBack | RolloutPhase::Aborted => {
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "True")
+                .map(|c| c.message.clone());
+            if let Some(ready) = ready {
+                let reason = if r.phase == RolloutPhase::RolledBack {
+                    "RolledBack"
+                } else {
+                    "RolloutAborted"
+                };
+                let text = format!(
+                    "{ready}; template {} does not run: {message}",
+                    crate::rollout::short(&r.revision)
+                );
+                status.conditions = conditions(
+                    &old.conditions,
+                    generation,
+                    [
+                        said(true, reason, &text),
+                        said(false, reason, ""),
+                        said(false, "Valid", ""),
+                    ],
+                );
+            }
+            None
+        }
+        RolloutPhase::Completed => None,
+    };
+    if let Some(said3) = said3 {
+        status.conditions = conditions(&old.conditions, generation, said3);
+    }
+    status.rollout = rollout;
+    status
+}
+
+/// The reasons of the conditions while a canary rollout runs, promotes or waits for an order.
+pub const ROLLOUT_PROGRESSING: &str = "RolloutProgressing";
+pub const ROLLOUT_PROMOTING: &str = "RolloutPromoting";
+pub const ROLLOUT_PAUSED: &str = "RolloutPaused";
 
 /// The status of a suspended task, for `Suspended`: reconciling and not Ready while `pods`
 /// executor pods are still finishing their attempts; once they are gone, a desired state
@@ -259,6 +334,7 @@ fn suspended(old: &PeragoTaskStatus, seen: &Observed<'_>, pods: usize) -> Perago
         running_attempts: Some(seen.running),
         last_scale: None,
         task_def_hash: Some(seen.task_def_hash.clone()),
+        rollout: old.rollout.clone(),
     }
 }
 

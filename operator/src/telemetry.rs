@@ -43,6 +43,10 @@ pub struct Metrics {
     /// 1 while the PeragoTask's `Ready` condition is True (for alerting on tasks not Ready).
     task_ready: IntGaugeVec,
     task_suspended: IntGaugeVec,
+    /// The canary's pods of each task while a canary rollout runs (ADR 0044).
+    task_canary_replicas: IntGaugeVec,
+    /// Canary rollouts that ended, by result (completed, rolled_back, aborted).
+    pub rollouts: IntCounterVec,
     /// Set once this process leads and runs the controller.
     pub ready: AtomicBool,
     /// False while the admission webhook (when enabled) does not serve yet.
@@ -162,15 +166,28 @@ impl Metrics {
             "perago_operator_task_suspended",
             "1 while the PeragoTask is suspended (spec.suspend), else 0.",
         )?;
+        let task_canary_replicas = per_task(
+            "perago_operator_task_canary_replicas",
+            "Executor pods of the PeragoTask's canary while a canary rollout runs, else 0.",
+        )?;
+        let rollouts = IntCounterVec::new(
+            Opts::new(
+                "perago_operator_rollouts_total",
+                "Canary rollouts that ended, by result (completed, rolled_back, aborted).",
+            ),
+            &["result"],
+        )?;
         for gauge in [
             &task_queued,
             &task_running,
             &task_replicas,
             &task_ready,
             &task_suspended,
+            &task_canary_replicas,
         ] {
             registry.register(Box::new(gauge.clone()))?;
         }
+        registry.register(Box::new(rollouts.clone()))?;
         registry.register(Box::new(reconciles.clone()))?;
         registry.register(Box::new(reconcile_seconds.clone()))?;
         registry.register(Box::new(waits.clone()))?;
@@ -203,6 +220,8 @@ impl Metrics {
             task_replicas,
             task_ready,
             task_suspended,
+            task_canary_replicas,
+            rollouts,
             ready: AtomicBool::new(false),
             webhook_ready: AtomicBool::new(true),
         })
@@ -217,6 +236,7 @@ impl Metrics {
             &self.task_replicas,
             &self.task_ready,
             &self.task_suspended,
+            &self.task_canary_replicas,
         ] {
             gauge.reset();
         }
@@ -242,6 +262,11 @@ impl Metrics {
         self.task_suspended.with_label_values(&task_labels(task))
     }
 
+    pub fn task_canary_replicas(&self, task: &PeragoTask) -> IntGauge {
+        self.task_canary_replicas
+            .with_label_values(&task_labels(task))
+    }
+
     pub fn applied(&self, kind: &str, sent: bool) {
         let outcome = if sent { "applied" } else { "unchanged" };
         self.applies.with_label_values(&[kind, outcome]).inc();
@@ -255,6 +280,7 @@ impl Metrics {
             &self.task_replicas,
             &self.task_ready,
             &self.task_suspended,
+            &self.task_canary_replicas,
         ] {
             let _ = gauge.remove_label_values(&task_labels(task));
         }

@@ -1,6 +1,6 @@
 //! `kubectl perago`: a task's status, suspend and resume, its logs and support bundle, and the
 //! recovery steps of docs/design.md as commands. `status` shows a PeragoTask on one screen;
-//! `suspend` and `resume` set its `spec.suspend`; `logs` prints an attempt's or a task's
+//! `suspend` and `resume` set its `spec.suspend`; `rollout` shows and orders its canary rollout; `logs` prints an attempt's or a task's
 //! lines; `report` writes a redacted support bundle; `history` classifies a branch's
 //! first-parent history with the same rules as the publish fence; `explain` says what became
 //! of each attempt of a workflow's workspace steps; `gc` removes the staging branches of
@@ -19,6 +19,7 @@ pub mod logs;
 pub mod output;
 pub mod redact;
 pub mod report;
+pub mod rollout;
 pub mod status;
 pub mod suspend;
 

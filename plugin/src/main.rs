@@ -9,7 +9,9 @@ use perago_conductor::ConductorClient;
 use perago_kubectl::cluster::{self, ClusterFlags};
 use perago_kubectl::connect::Endpoints;
 use perago_kubectl::output::{Format, render};
-use perago_kubectl::{Failure, explain, fence, gc, history, logs, report, status, suspend};
+use perago_kubectl::{
+    Failure, explain, fence, gc, history, logs, report, rollout, status, suspend,
+};
 use perago_lakefs::LakeFsClient;
 
 #[derive(Parser)]
@@ -17,7 +19,7 @@ use perago_lakefs::LakeFsClient;
     name = "kubectl-perago",
     bin_name = "kubectl perago",
     version,
-    about = "Operate Perago tasks: their status, suspend and resume, logs and support bundles; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
+    about = "Operate Perago tasks: their status, suspend and resume, canary rollouts, logs and support bundles; explain what they did to lakeFS branches, clean up after dead attempts, install the hard fence",
     after_help = "Exit status: 0 nothing to report, 1 something was flagged or a call failed, 2 usage.\n\nStart from a task: kubectl perago status TASK -n NAMESPACE"
 )]
 struct Cli {
@@ -41,6 +43,8 @@ enum Command {
     Suspend(suspend::SuspendArgs),
     /// Start a suspended task again.
     Resume(suspend::SuspendArgs),
+    /// Show a task's canary rollout, or promote or abort it.
+    Rollout(rollout::RolloutArgs),
     /// Print an attempt's lines, its sidecar's and its body's in time order, or the sidecar
     /// lines of every pod of a task.
     Logs(logs::LogsArgs),
@@ -145,6 +149,16 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             print!("{}", render(&view, cli.output)?);
             Ok(())
         }
+        Command::Rollout(args) => {
+            let (client, namespace) = cluster::connect(&cli.cluster, Some(timeout)).await?;
+            let view = rollout::run(client, &namespace, args).await?;
+            print!("{}", render(&view, cli.output)?);
+            if view.flagged() && view.ordered.is_none() {
+                Err(Failure::Flagged)
+            } else {
+                Ok(())
+            }
+        }
         Command::Completion { shell } => {
             let mut command = Cli::command();
             clap_complete::generate(
@@ -240,6 +254,7 @@ async fn recovery(command: &Command, endpoints: &Endpoints, output: Format) -> R
         Command::Status(_)
         | Command::Suspend(_)
         | Command::Resume(_)
+        | Command::Rollout(_)
         | Command::Logs(_)
         | Command::Report(_)
         | Command::Completion { .. } => {

@@ -14,7 +14,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use perago_contract::contract::TaskContract;
 
 use crate::config::RuntimeSettings;
-use crate::failure::AttemptError;
+use crate::failure::{AttemptError, Verdict};
 use crate::input::Schemas;
 use crate::outcome::Outcome;
 use crate::pipeline::{Attempt, Completion, Sweep};
@@ -271,14 +271,24 @@ impl Broker {
             keeper.abort();
             let _ = keeper.await;
             self.metrics.record_attempt_seconds(started.elapsed().as_secs_f64());
-            let (outcome, sweep, reason) = match done {
-                Ok(completion) => (Outcome::Completed(completion.output), completion.sweep, None),
+            let (outcome, sweep, reason, verdict) = match done {
+                Ok(completion) => (
+                    Outcome::Completed(completion.output),
+                    completion.sweep,
+                    None,
+                    Verdict::Completed,
+                ),
                 Err(error) => {
                     let reason = error.label();
                     self.metrics.attempt_failures.with_label_values(&[reason]).inc();
-                    (Outcome::from(error), None, Some(reason))
+                    let verdict = error.verdict();
+                    (Outcome::from(error), None, Some(reason), verdict)
                 }
             };
+            self.metrics
+                .attempt_verdicts
+                .with_label_values(&[verdict.label()])
+                .inc();
             let status = outcome.status();
             self.report(&snapshot.workflow_instance_id, &snapshot.task_id, outcome, &trace).await;
             if let Some(sweep) = sweep {

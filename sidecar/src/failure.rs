@@ -180,7 +180,53 @@ impl BodyError {
     }
 }
 
+/// What a canary's analysis makes of a finished attempt (`spec.rollout.analysis`, ADR 0044).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Completed,
+    /// Failed because of the body: the code in the pod is to blame.
+    BodyFailed,
+    /// Failed for a reason that is not the body's (a fence, a lost lease or shutdown, lakeFS,
+    /// the input): says nothing of the code.
+    NotJudged,
+}
+
+impl Verdict {
+    /// The `verdict` label of `perago_sidecar_attempt_verdicts_total`, in `/slots`' order.
+    pub const LABELS: [&'static str; 3] = ["completed", "body_failed", "not_judged"];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Completed => Self::LABELS[0],
+            Self::BodyFailed => Self::LABELS[1],
+            Self::NotJudged => Self::LABELS[2],
+        }
+    }
+}
+
 impl AttemptError {
+    /// Whether the body is to blame: it could not start, died, was killed, ran out of memory
+    /// or time, left no result or one the result schema or the post guardrails refuse, or
+    /// declared an error. A body given up at shutdown is not to blame.
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            Self::Body(BodyError::Abandoned { .. }) => Verdict::NotJudged,
+            Self::Body(_) | Self::Declared { .. } | Self::PostGuardrail(_) => Verdict::BodyFailed,
+            Self::Task(_)
+            | Self::NoSlot { .. }
+            | Self::Input(_)
+            | Self::Local(_)
+            | Self::Download(_)
+            | Self::PreGuardrail(_)
+            | Self::AttemptFence(_)
+            | Self::PublishFence(_)
+            | Self::Stage(_)
+            | Self::HeadMoved(_)
+            | Self::HeadUnreadable(_)
+            | Self::Merge(_) => Verdict::NotJudged,
+        }
+    }
+
     /// FAILED_WITH_TERMINAL_ERROR: a pre-guardrail violation, or a body that says so.
     pub fn terminal(&self) -> bool {
         matches!(
@@ -308,6 +354,34 @@ mod tests {
             }),
         ] {
             assert_eq!(terminal(e), "FAILED");
+        }
+    }
+
+    #[test]
+    fn a_canary_is_judged_by_its_body_failures_only() {
+        let verdict = |e: AttemptError| e.verdict();
+        for e in [
+            AttemptError::Body(BodyError::Exited { code: 1 }),
+            AttemptError::Body(BodyError::NoResult),
+            AttemptError::PostGuardrail(violation("post")),
+            AttemptError::Declared {
+                reason: "no".into(),
+                terminal: false,
+            },
+        ] {
+            assert_eq!(verdict(e), Verdict::BodyFailed);
+        }
+        for e in [
+            AttemptError::Body(BodyError::Abandoned {
+                task_id: "t".into(),
+            }),
+            AttemptError::AttemptFence(FenceRefusal::NotCurrent {
+                task_id: "t".into(),
+            }),
+            AttemptError::Input(InputError::Keys("bad")),
+            AttemptError::PreGuardrail(violation("pre")),
+        ] {
+            assert_eq!(verdict(e), Verdict::NotJudged);
         }
     }
 

@@ -13,6 +13,7 @@ use axum::extract::{Query, State};
 use axum::routing::get;
 use tokio::sync::watch;
 
+use crate::failure::Verdict;
 use crate::runner::RunnerHub;
 use crate::telemetry::Metrics;
 
@@ -53,10 +54,12 @@ struct SlotsQuery {
     count_polls_older_than_ms: Option<u64>,
 }
 
-/// `{"slots": N, "busy": M, "stopping": bool, "pollsCountedOlderThanMs": S}`: every task that
-/// a poll sent more than S ms before the request arrived brought is counted in `busy` (0: every
-/// poll sent before it). With `?countPollsOlderThanMs=D` the answer waits, up to one long poll
-/// and [`POLLS_WAIT_MARGIN`], until that holds for D (ADR 0033).
+/// `{"slots": N, "busy": M, "stopping": bool, "pollsCountedOlderThanMs": S, "finished":
+/// {"completed": C, "bodyFailed": F, "notJudged": J}}`: every task that a poll sent more than S
+/// ms before the request arrived brought is counted in `busy` (0: every poll sent before it).
+/// With `?countPollsOlderThanMs=D` the answer waits, up to one long poll and
+/// [`POLLS_WAIT_MARGIN`], until that holds for D (ADR 0033). `finished` counts this process's
+/// finished attempts by verdict, for a canary's analysis (ADR 0044).
 async fn slots(
     State(s): State<Shared>,
     Query(query): Query<SlotsQuery>,
@@ -76,7 +79,19 @@ async fn slots(
         "busy": busy,
         "stopping": *s.stopping.borrow(),
         "pollsCountedOlderThanMs": uncounted_ms,
+        "finished": {
+            "completed": verdicts(&s.metrics, Verdict::Completed),
+            "bodyFailed": verdicts(&s.metrics, Verdict::BodyFailed),
+            "notJudged": verdicts(&s.metrics, Verdict::NotJudged),
+        },
     }))
+}
+
+fn verdicts(metrics: &Metrics, verdict: Verdict) -> u64 {
+    metrics
+        .attempt_verdicts
+        .with_label_values(&[verdict.label()])
+        .get()
 }
 
 /// Bind and serve in the background; returns the bound address (useful with port 0).

@@ -49,6 +49,7 @@ pub struct Metrics {
     pub lease_extensions: IntCounterVec,
     pub merge_refusals: IntCounterVec,
     pub attempt_failures: IntCounterVec,
+    pub attempt_verdicts: IntCounterVec,
     pub staging_branches_swept: IntCounter,
     pub hard_fence_installed: IntGaugeVec,
     pub traces: TraceCounters,
@@ -312,6 +313,12 @@ impl Metrics {
                     AttemptError::LABELS.join(", ")
                 ),
                 &["reason"],
+            )?,
+            attempt_verdicts: counter(
+                r,
+                "perago_sidecar_attempt_verdicts_total",
+                "Finished attempts by what a canary analysis makes of them (completed, body_failed, not_judged).",
+                &["verdict"],
             )?,
             merge_refusals: counter(
                 r,

@@ -801,6 +801,7 @@ mod tests {
             answered: true,
             at: Instant::now(),
             polls_counted_before: Some(Instant::now()),
+            finished: None,
         });
         assert_eq!(decide(&seen, &state, now_at(t)), ScaleStep::Keep(1));
         // It answers idle, counting every poll since the read: it goes.
@@ -809,6 +810,7 @@ mod tests {
             answered: true,
             at: Instant::now(),
             polls_counted_before: Some(read),
+            finished: None,
         });
         assert_eq!(
             decide(&seen, &state, now_at(t)),
@@ -1001,6 +1003,7 @@ mod tests {
             answered: true,
             at: now,
             polls_counted_before: Some(now),
+            finished: None,
         });
         assert_eq!(unconfirmed_removals(&pods, 2, read, observed), [3]);
         assert_eq!(

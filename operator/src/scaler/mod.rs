@@ -5,6 +5,7 @@
 
 pub mod decide;
 
+use perago_api::rollout::CanaryAttempts;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,9 @@ pub struct Figure {
     /// Every task a poll sent before this instant brought is counted in `busy`, as the pod
     /// said (ADR 0033). `None`: the pod did not say (a sidecar older than the operator).
     pub polls_counted_before: Option<Instant>,
+    /// The pod's finished attempts by verdict, for a canary's analysis (ADR 0044); `None`
+    /// from a pod that did not answer or a sidecar older than the operator.
+    pub finished: Option<perago_api::rollout::CanaryAttempts>,
 }
 
 /// Since when a task's queue has been empty, and whether the queue watch has woken the task
@@ -114,6 +118,9 @@ pub struct TaskScale {
     /// The busy figures of the task's running pods, by pod name: the census's book.
     figures: HashMap<String, Figure>,
     drain: Drain,
+    /// The canary's finished attempts by pod, for the revision it runs (ADR 0044): each pod's
+    /// largest figure, kept after the pod goes.
+    canary: Option<(String, HashMap<String, CanaryAttempts>)>,
 }
 
 impl TaskScale {
@@ -299,6 +306,35 @@ impl Scaler {
 
     pub fn put_figure(&self, task: &ObjectRef<PeragoTask>, pod: &str, figure: Figure) {
         self.with(task, |state| state.figures.insert(pod.to_owned(), figure));
+    }
+
+    /// The finished attempts of the canary of `revision`: `pods` (its pods now) as the book
+    /// last heard them, added to what its pods that went last said. Counts only grow: a
+    /// sidecar that restarted counts from zero again, and what it said before stands.
+    pub fn canary_attempts(
+        &self,
+        task: &ObjectRef<PeragoTask>,
+        revision: &str,
+        pods: &[String],
+    ) -> CanaryAttempts {
+        self.with(task, |state| {
+            if state.canary.as_ref().is_none_or(|(r, _)| r != revision) {
+                state.canary = Some((revision.to_owned(), HashMap::new()));
+            }
+            let figures = &state.figures;
+            let Some((_, tally)) = state.canary.as_mut() else {
+                return CanaryAttempts::default();
+            };
+            for pod in pods {
+                if let Some(now) = figures.get(pod).and_then(|f| f.finished) {
+                    let kept = tally.entry(pod.clone()).or_default();
+                    *kept = kept.max(now);
+                }
+            }
+            tally
+                .values()
+                .fold(CanaryAttempts::default(), |sum, a| sum + *a)
+        })
     }
 
     pub fn forget_figure(&self, task: &ObjectRef<PeragoTask>, pod: &str) {
@@ -491,6 +527,43 @@ mod tests {
 
     /// Forgetting a task drops all it had, and nothing of another task.
     #[test]
+    fn a_canarys_attempts_keep_what_its_pods_said_before_they_went() {
+        use perago_api::rollout::CanaryAttempts;
+        let scaler = Scaler::default();
+        let said = |pod: &str, completed, failed| {
+            let figure = Figure {
+                busy: 0,
+                answered: true,
+                at: Instant::now(),
+                polls_counted_before: None,
+                finished: Some(CanaryAttempts {
+                    completed,
+                    failed,
+                    not_judged: 0,
+                }),
+            };
+            scaler.put_figure(&task(), pod, figure);
+        };
+        let pods = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        said("a", 2, 1);
+        said("b", 1, 0);
+        let sum = scaler.canary_attempts(&task(), "r1", &pods(&["a", "b"]));
+        assert_eq!((sum.completed, sum.failed), (3, 1));
+        // `a` went; `b` restarted its sidecar and counts from zero again.
+        scaler.forget_figure(&task(), "a");
+        said("b", 0, 1);
+        let sum = scaler.canary_attempts(&task(), "r1", &pods(&["b"]));
+        assert_eq!(
+            (sum.completed, sum.failed),
+            (3, 2),
+            "the largest figure of each pod"
+        );
+        // Another revision starts from nothing.
+        let sum = scaler.canary_attempts(&task(), "r2", &pods(&[]));
+        assert_eq!(sum, CanaryAttempts::default());
+    }
+
+    #[test]
     fn a_task_is_forgotten_as_one_unit() {
         let scaler = Scaler::default();
         let now = Instant::now();
@@ -500,6 +573,7 @@ mod tests {
             answered: true,
             at: now,
             polls_counted_before: None,
+            finished: None,
         };
         for task in [task(), other.clone()] {
             scaler.wrote_scale(&task, Some(1), 3, now);

@@ -247,5 +247,31 @@ pub fn bad_declarations() -> Vec<(&'static str, Value, &'static str)> {
             yaml("{domain: NO_DOMAIN}"),
             "spec.conductor.domain: NO_DOMAIN is Conductor's word for \"no domain\": leave the domain out",
         ),
+        (
+            "spec.rollout",
+            yaml(
+                "{strategy: Canary, steps: [{weight: 50}, {weight: 50}], analysis: {maxFailedPercent: 10, minAttempts: 5}}",
+            ),
+            "spec.rollout.steps[1].weight: 50% does not increase on the step before (50%)",
+        ),
+        (
+            "spec.rollout",
+            yaml(
+                "{strategy: Canary, steps: [{weight: 120}], analysis: {maxFailedPercent: 10, minAttempts: 5}}",
+            ),
+            "spec.rollout.steps[0].weight: 120% is not a share of the pods between 1 and 99",
+        ),
+        (
+            "spec.rollout",
+            yaml(
+                "{strategy: Canary, steps: [{weight: 10}], analysis: {maxFailedPercent: 10, minAttempts: 0}}",
+            ),
+            "spec.rollout.analysis.minAttempts: must be at least 1",
+        ),
+        (
+            "spec.rollout",
+            yaml("{strategy: Canary, steps: [{weight: 10}]}"),
+            "spec.rollout.analysis: a Canary rollout needs an analysis",
+        ),
     ]
 }

@@ -5,7 +5,12 @@
 --   being deleted                                   Progressing
 --   no status yet, or a generation not observed     Progressing (Suspending or Resuming when
 --                                                   that change is what waits)
+--   a canary paused by its analysis                 Suspended, with Stalled's message (it
+--   (Stalled=True, reason RolloutPaused)            waits for kubectl perago rollout)
 --   Stalled=True                                    Degraded, with Stalled's message
+--   Ready=True for RolledBack or RolloutAborted     Degraded, with Ready's message: the
+--                                                   task works, on the old template, and the
+--                                                   template in git does not run
 --   Ready for Suspended, Reconciling=False          Suspended, with Ready's message (the
 --                                                   operator says Ready=True once the pods
 --                                                   are gone: ADR 0035)
@@ -51,6 +56,12 @@ if generation ~= nil and (status.observedGeneration == nil or status.observedGen
   return progressing("Waiting for " .. waiting)
 end
 
+if stalled ~= nil and stalled.status == "True" and stalled.reason == "RolloutPaused" then
+  hs.status = "Suspended"
+  hs.message = stalled.message
+  return hs
+end
+
 if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
   hs.message = stalled.message
@@ -67,6 +78,11 @@ end
 if suspendedByOperator and not (reconciling ~= nil and reconciling.status == "True") then
   hs.status = "Suspended"
   hs.message = message or "Suspended"
+  return hs
+end
+if ready ~= nil and ready.status == "True" and (ready.reason == "RolledBack" or ready.reason == "RolloutAborted") then
+  hs.status = "Degraded"
+  hs.message = message or ready.reason
   return hs
 end
 if ready ~= nil and ready.status == "True" then
