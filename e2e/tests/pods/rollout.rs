@@ -38,6 +38,8 @@ exit 3
 "#;
 
 /// A workspace task at `replicas` pods × `slots`, retried up to four times, with `rollout`.
+/// Its sidecars request a tenth of the default CPU: the binary's tests share the node's two
+/// cores, and these tasks run up to seven pods each.
 fn canary_task(
     namespace: &str,
     name: &str,
@@ -50,10 +52,39 @@ fn canary_task(
             "retry": {"count": 4, "logic": "FIXED", "delaySeconds": 1},
             "timeout": {"policy": "RETRY", "seconds": 120, "responseSeconds": 30},
         },
-        "executor": {"slots": slots, "replicas": replicas},
+        "executor": {
+            "slots": slots,
+            "replicas": replicas,
+            "sidecar": {"resources": {
+                "requests": {"cpu": "5m", "memory": "32Mi"},
+                "limits": {"memory": "256Mi"},
+            }},
+        },
         "rollout": rollout,
     });
     workspace_task_with(namespace, name, script, &spec)
+}
+
+/// A test's namespace, deleted when the test ends (also when it fails), without waiting: its
+/// executor pods request a share of the node's CPU, which the binary's other tests need.
+struct NamespaceGone {
+    cluster: &'static Cluster,
+    namespace: &'static str,
+}
+
+impl Drop for NamespaceGone {
+    fn drop(&mut self) {
+        let args = [
+            "delete",
+            "namespace",
+            self.namespace,
+            "--ignore-not-found",
+            "--wait=false",
+        ];
+        if let Err(e) = self.cluster.kubectl(&args) {
+            eprintln!("{}: {e:#}", args.join(" "));
+        }
+    }
 }
 
 fn deployment_name(task: &str) -> String {
@@ -166,6 +197,7 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let (namespace, name) = ("pods-canary-bad", "canary-bad");
+    let _gone = NamespaceGone { cluster, namespace };
     let min_attempts = 6;
     let rollout = json!({
         "strategy": "Canary",
@@ -267,6 +299,7 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
         return;
     };
     let (namespace, name) = ("pods-canary-good", "canary-good");
+    let _gone = NamespaceGone { cluster, namespace };
     let rollout = json!({
         "strategy": "Canary",
         "steps": [{"weight": 25, "pauseSeconds": 4}, {"weight": 50, "pauseSeconds": 4}],
@@ -364,6 +397,7 @@ async fn promote_and_abort_act_at_once_and_a_change_starts_over() {
         return;
     };
     let (namespace, name) = ("pods-canary-orders", "canary-orders");
+    let _gone = NamespaceGone { cluster, namespace };
     // It never promotes by itself: an hour's step, a thousand attempts to judge.
     let rollout = json!({
         "strategy": "Canary",
