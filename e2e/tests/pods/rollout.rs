@@ -38,8 +38,6 @@ exit 3
 "#;
 
 /// A workspace task at `replicas` pods × `slots`, retried up to four times, with `rollout`.
-/// Its sidecars request a tenth of the default CPU: the binary's tests share the node's two
-/// cores, and these tasks run up to seven pods each.
 fn canary_task(
     namespace: &str,
     name: &str,
@@ -52,14 +50,7 @@ fn canary_task(
             "retry": {"count": 4, "logic": "FIXED", "delaySeconds": 1},
             "timeout": {"policy": "RETRY", "seconds": 120, "responseSeconds": 30},
         },
-        "executor": {
-            "slots": slots,
-            "replicas": replicas,
-            "sidecar": {"resources": {
-                "requests": {"cpu": "5m", "memory": "32Mi"},
-                "limits": {"memory": "256Mi"},
-            }},
-        },
+        "executor": {"slots": slots, "replicas": replicas},
         "rollout": rollout,
     });
     workspace_task_with(namespace, name, script, &spec)
@@ -85,6 +76,14 @@ impl Drop for NamespaceGone {
             eprintln!("{}: {e:#}", args.join(" "));
         }
     }
+}
+
+/// `full` workflows, or `PERAGO_E2E_ROLLOUT_WORKFLOWS` (CI's smaller size) when set.
+fn workflows(full: usize) -> usize {
+    std::env::var("PERAGO_E2E_ROLLOUT_WORKFLOWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(full)
 }
 
 fn deployment_name(task: &str) -> String {
@@ -187,15 +186,15 @@ fn events(cluster: &Cluster, namespace: &str, reason: &str) -> String {
 /// with the reason `RolledBack`, a Warning event saying why.
 #[tokio::test]
 async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
-    let Some((_turn, services, cluster)) =
+    let Some((turn, services, cluster)) =
         cluster("a_failing_canary_is_rolled_back_and_every_workflow_completes").await
     else {
         return;
     };
-    let workflows_wanted: usize = std::env::var("PERAGO_E2E_ROLLOUT_WORKFLOWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    // Up to eight pods and a queue of workspace steps: alone, so that neither these figures
+    // nor the binary's other tests depend on how the node's two cores are shared.
+    turn.alone().await;
+    let workflows_wanted = workflows(200);
     let (namespace, name) = ("pods-canary-bad", "canary-bad");
     let _gone = NamespaceGone { cluster, namespace };
     let min_attempts = 6;
@@ -293,11 +292,15 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
 /// with one attempt (the old pods drained and reported everything they ran) and publishes once.
 #[tokio::test]
 async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
-    let Some((_turn, services, cluster)) =
+    let Some((turn, services, cluster)) =
         cluster("a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods").await
     else {
         return;
     };
+    // Up to eight pods and a queue of workspace steps: alone, so that neither these figures
+    // nor the binary's other tests depend on how the node's two cores are shared.
+    turn.alone().await;
+    let healthy_workflows = workflows(120);
     let (namespace, name) = ("pods-canary-good", "canary-good");
     let _gone = NamespaceGone { cluster, namespace };
     let rollout = json!({
@@ -324,7 +327,7 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
         &format!("{namespace}.{name}"),
         (&repository, &input_ref),
         "good",
-        120,
+        healthy_workflows,
     )
     .await
     .unwrap();
@@ -379,7 +382,7 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
     assert!(outcome.holds_the_promises(), "{outcome}");
     assert_eq!(
         (outcome.attempts, outcome.failed_attempts),
-        (120, 0),
+        (healthy_workflows, 0),
         "one attempt each: {outcome}"
     );
     cluster.wait_ready(namespace, name).unwrap();
