@@ -36,12 +36,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use perago_api::PeragoTask;
-use perago_e2e::Selection;
 use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
 use perago_e2e::fleet::Fleet;
 use perago_e2e::measure::{counter_by, cpu_seconds, delta, peak_rss_mib, rss_mib, scrape};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pod::ConductorApi;
+use perago_e2e::{Selection, Services};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "fleet";
@@ -582,6 +582,18 @@ async fn main() {
     if perago_e2e::node_opted_out("fleet benchmark") {
         return;
     }
+    let services = perago_e2e::shared(Selection::ALL).await;
+    let cluster = Cluster::new(services).unwrap();
+    bench(services, &cluster, |values| {
+        cluster.install_operator(values).unwrap();
+    })
+    .await;
+}
+
+/// The benchmark on the node's cluster. `install` installs the operator with the Helm values
+/// it is given (a fresh process: its peak memory is this run's), once the simulated nodes are
+/// up. Deletes the namespace it makes and stops the simulated nodes' kwok.
+pub async fn bench(services: &Services, cluster: &Cluster, install: impl FnOnce(&[&str])) {
     let plan = Plan {
         tasks: setting("PERAGO_BENCH_FLEET_TASKS", 1000),
         replicas: setting("PERAGO_BENCH_FLEET_REPLICAS", 5) as i32,
@@ -590,8 +602,6 @@ async fn main() {
     let steady = Duration::from_secs(setting("PERAGO_BENCH_STEADY_SECONDS", 60) as u64);
     let limit = Duration::from_secs(setting("PERAGO_BENCH_FLEET_LIMIT_SECONDS", 1800) as u64);
 
-    let services = perago_e2e::shared(Selection::ALL).await;
-    let cluster = Cluster::new(services).unwrap();
     let client = services.kube().client().await.unwrap();
     let fleet = Fleet::start(
         services.dir(),
@@ -607,16 +617,14 @@ async fn main() {
     );
     let queue_poll_seconds = setting("PERAGO_BENCH_FLEET_QUEUE_POLL_SECONDS", 2);
     let queue_poll = format!("queuePollSeconds={queue_poll_seconds}");
-    cluster
-        .install_operator(&[
-            "--set",
-            &resync,
-            "--set",
-            &queue_poll,
-            "--set",
-            "replicas=1",
-        ])
-        .unwrap();
+    install(&[
+        "--set",
+        &resync,
+        "--set",
+        &queue_poll,
+        "--set",
+        "replicas=1",
+    ]);
     // A fresh install: its peak memory is this run's.
     let metrics = cluster.operator_metrics(&client).await.unwrap();
     cluster.task_namespace(NAMESPACE).unwrap();

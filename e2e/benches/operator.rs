@@ -260,6 +260,17 @@ async fn watch_progress(
     }
 }
 
+/// The Helm values the benchmark installs the operator with.
+pub const OPERATOR_VALUES: [&str; 4] = ["--set", "resyncSeconds=60", "--set", "replicas=1"];
+
+/// The benchmark on the node's cluster, the operator just installed with [`OPERATOR_VALUES`]
+/// (its first run measures that process). Deletes the namespaces it makes.
+pub async fn bench(services: &Services, cluster: &Cluster) {
+    let count = setting("PERAGO_BENCH_TASKS", 500);
+    run(services, cluster, count, true).await;
+    run(services, cluster, count, false).await;
+}
+
 #[tokio::main]
 async fn main() {
     if perago_e2e::node_opted_out("operator benchmark") {
@@ -267,10 +278,6 @@ async fn main() {
     }
     let services = perago_e2e::shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
-    cluster
-        .install_operator(&["--set", "resyncSeconds=60", "--set", "replicas=1"])
-        .unwrap();
-    let count = setting("PERAGO_BENCH_TASKS", 500);
-    run(services, &cluster, count, true).await;
-    run(services, &cluster, count, false).await;
+    cluster.install_operator(&OPERATOR_VALUES).unwrap();
+    bench(services, &cluster).await;
 }

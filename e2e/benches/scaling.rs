@@ -86,7 +86,7 @@ async fn pods(client: &kube::Client, namespace: &str, name: &str) -> Vec<Pod> {
 }
 
 async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
-    let (namespace, name) = ("bench-zero", "cold");
+    let (namespace, name) = (NAMESPACES[0], "cold");
     cluster.task_namespace(namespace).unwrap();
     let mut manifest = task(namespace, name, DONE, json!({}));
     manifest["spec"]["executor"]["autoscaling"] = json!({
@@ -173,7 +173,7 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
 }
 
 async fn drain(services: &Services, cluster: &Cluster) {
-    let (namespace, name) = ("bench-drain", "busy");
+    let (namespace, name) = (NAMESPACES[1], "busy");
     cluster.task_namespace(namespace).unwrap();
     let body = format!("sleep 5; {DONE}");
     let manifest = task(namespace, name, &body, json!({"slots": 4, "replicas": 1}));
@@ -234,6 +234,21 @@ async fn drain(services: &Services, cluster: &Cluster) {
     );
 }
 
+/// The Helm values the benchmark installs the operator with: the scale-down after each run
+/// waits for a resync, so a short one.
+pub const OPERATOR_VALUES: [&str; 4] = ["--set", "resyncSeconds=3", "--set", "replicas=1"];
+
+/// The namespaces the benchmark leaves behind, with their tasks.
+pub const NAMESPACES: [&str; 2] = ["bench-zero", "bench-drain"];
+
+/// The benchmark on the node's cluster, the operator installed with [`OPERATOR_VALUES`].
+pub async fn bench(services: &Services, cluster: &Cluster) {
+    cluster.wait_for_webhook().unwrap();
+    let runs = setting("PERAGO_BENCH_RUNS", 20);
+    scale_from_zero(services, cluster, runs).await;
+    drain(services, cluster).await;
+}
+
 #[tokio::main]
 async fn main() {
     if perago_e2e::node_opted_out("scaling benchmark") {
@@ -241,12 +256,6 @@ async fn main() {
     }
     let services = perago_e2e::shared(Selection::ALL).await;
     let cluster = Cluster::new(services).unwrap();
-    // The scale-down after each run waits for a resync: a short one.
-    cluster
-        .install_operator(&["--set", "resyncSeconds=3", "--set", "replicas=1"])
-        .unwrap();
-    cluster.wait_for_webhook().unwrap();
-    let runs = setting("PERAGO_BENCH_RUNS", 20);
-    scale_from_zero(services, &cluster, runs).await;
-    drain(services, &cluster).await;
+    cluster.install_operator(&OPERATOR_VALUES).unwrap();
+    bench(services, &cluster).await;
 }
