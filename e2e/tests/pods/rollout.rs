@@ -56,8 +56,9 @@ fn canary_task(
     workspace_task_with(namespace, name, script, &spec)
 }
 
-/// A test's namespace, deleted when the test ends (also when it fails), without waiting: its
-/// executor pods request a share of the node's CPU, which the binary's other tests need.
+/// A test's namespace, deleted when the test ends (also when it fails), and waited for before
+/// the test lets its turn go: its executor pods request a share of the node's two CPUs, and the
+/// binary's other tests need theirs to be scheduled.
 struct NamespaceGone {
     cluster: &'static Cluster,
     namespace: &'static str,
@@ -70,7 +71,7 @@ impl Drop for NamespaceGone {
             "namespace",
             self.namespace,
             "--ignore-not-found",
-            "--wait=false",
+            "--timeout=180s",
         ];
         if let Err(e) = self.cluster.kubectl(&args) {
             eprintln!("{}: {e:#}", args.join(" "));
