@@ -51,7 +51,7 @@ bench-quick-servers: obtain release-binaries
 bench-quick-node: obtain release-binaries
 	PERAGO_BENCH_RUNS=1 PERAGO_BENCH_TASKS=10 PERAGO_BENCH_STEADY_SECONDS=5 \
 	  PERAGO_BENCH_FLEET_TASKS=12 PERAGO_BENCH_FLEET_NODES=3 PERAGO_BENCH_FLEET_REPLICAS=2 PERAGO_BENCH_FLEET_RESYNC_SECONDS=10 \
-	  $(CARGO) bench --profile dev --workspace --bench scaling --bench operator --bench fleet
+	  $(CARGO) bench --profile dev --workspace --bench node
 
 ## Fuzz every cargo-fuzz target for FUZZ_SECONDS (default 1800) each, one after another, and
 ## print executions and crashes per target (nightly, cargo-fuzz; see docs/fuzzing.md).
