@@ -35,8 +35,6 @@ mod lineage;
 mod operate;
 #[path = "pods/publish.rs"]
 mod publish;
-#[path = "pods/rollout.rs"]
-mod rollout;
 #[path = "pods/scaling.rs"]
 mod scaling;
 #[path = "pods/security.rs"]

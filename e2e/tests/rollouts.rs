@@ -3,6 +3,12 @@
 //! of workflows runs, and every workflow completes on the stable pods; a healthy canary goes
 //! through its steps and replaces the old pods; `kubectl perago rollout promote` and `abort`
 //! act at once, and a change during a rollout starts it over.
+//!
+//! A binary of its own, with the operator installed once: the heavy tests bring up to eight
+//! pods and a queue of workspace steps, and beside the `pods` binary's tests on the node's two
+//! cores, new pods of either were seen to wait minutes before they polled.
+
+#![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 
@@ -11,11 +17,46 @@ use kube::api::Api;
 use perago_api::PeragoTask;
 use perago_api::rollout::{RolloutPhase, RolloutStatus};
 use perago_e2e::cluster::Cluster;
+use perago_e2e::lake::Lake;
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::workload::{Workload, workspace_task_with};
+use perago_e2e::{Selection, Services, shared};
 use serde_json::{Value, json};
+use tokio::sync::OnceCell;
 
-use super::{cluster, seeded};
+static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
+
+/// The node, with the operator installed from the chart (once per test binary); `None` when
+/// the developer opted out of the node's tests. A 10 s resync, as in `pods`.
+async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
+    if perago_e2e::node_opted_out(test) {
+        return None;
+    }
+    let services = shared(Selection::ALL).await;
+    let cluster = OPERATOR
+        .get_or_init(|| async {
+            let cluster = Cluster::new(services).unwrap();
+            let took = cluster
+                .install_operator(&["--set", "resyncSeconds=10"])
+                .unwrap();
+            eprintln!("operator installed by helm and available in {took:.1?}");
+            cluster
+        })
+        .await;
+    Some((services, cluster))
+}
+
+/// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
+/// repository's name and the seed commit.
+async fn seeded(services: &Services, prefix: &str) -> (Lake, String, String) {
+    let lake = Lake::of(services.lakefs());
+    let repository = format!("{prefix}-{}", std::process::id());
+    let input_ref = lake
+        .seed(&repository, &[("data/in.txt", "seed")])
+        .await
+        .unwrap();
+    (lake, repository, input_ref)
+}
 
 /// A body that works a second, writes its file and its result; `version` tells templates apart.
 fn good_body(version: &str) -> String {
@@ -56,9 +97,9 @@ fn canary_task(
     workspace_task_with(namespace, name, script, &spec)
 }
 
-/// A test's namespace, deleted when the test ends (also when it fails), and waited for before
-/// the test lets its turn go: its executor pods request a share of the node's two CPUs, and the
-/// binary's other tests need theirs to be scheduled.
+/// A test's namespace, deleted when the test ends (also when it fails), and waited for: its
+/// executor pods request a share of the node's two CPUs, and the node lane's next binaries
+/// need theirs to be scheduled.
 struct NamespaceGone {
     cluster: &'static Cluster,
     namespace: &'static str,
@@ -147,6 +188,25 @@ async fn until(
     }
 }
 
+/// Add the rollout's (phase, step, the canary's pods) to `path` when it changed.
+fn record(path: &mut Vec<(RolloutPhase, i32, i32)>, look: &Look) {
+    let Some(r) = &look.rollout else { return };
+    let pods = (look.canary.as_ref())
+        .and_then(|d| d.spec.as_ref()?.replicas)
+        .unwrap_or(0);
+    let now = (r.phase, r.step, pods);
+    if path.last() != Some(&now) {
+        path.push(now);
+    }
+}
+
+/// A rollout in progress whose current step's canary pods are ready.
+fn step_ready(look: &Look) -> bool {
+    look.rollout
+        .as_ref()
+        .is_some_and(|r| r.phase == RolloutPhase::Progressing && r.step_ready_time.is_some())
+}
+
 fn phase(look: &Look) -> Option<RolloutPhase> {
     look.rollout.as_ref().map(|r| r.phase)
 }
@@ -187,14 +247,11 @@ fn events(cluster: &Cluster, namespace: &str, reason: &str) -> String {
 /// with the reason `RolledBack`, a Warning event saying why.
 #[tokio::test]
 async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
-    let Some((turn, services, cluster)) =
+    let Some((services, cluster)) =
         cluster("a_failing_canary_is_rolled_back_and_every_workflow_completes").await
     else {
         return;
     };
-    // Up to eight pods and a queue of workspace steps: alone, so that neither these figures
-    // nor the binary's other tests depend on how the node's two cores are shared.
-    turn.alone().await;
     let workflows_wanted = workflows(200);
     let (namespace, name) = ("pods-canary-bad", "canary-bad");
     let _gone = NamespaceGone { cluster, namespace };
@@ -212,6 +269,25 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
     cluster.wait_ready(namespace, name).unwrap();
     let (lake, repository, input_ref) = seeded(services, "pods-canary-bad").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
+
+    // The new template first, then the queue once its canary is ready: the canary takes its
+    // share of the queue from the first workflow, whatever the queue's length.
+    cluster
+        .apply(&canary_task(namespace, name, BAD_BODY, (4, 2), &rollout))
+        .unwrap();
+    until(
+        &tasks,
+        &deployments,
+        name,
+        Duration::from_secs(180),
+        |_| {},
+        step_ready,
+    )
+    .await;
+    let started = Instant::now();
     let workload = Workload::start(
         &lake,
         &conductor,
@@ -222,14 +298,6 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
     )
     .await
     .unwrap();
-
-    let started = Instant::now();
-    cluster
-        .apply(&canary_task(namespace, name, BAD_BODY, (4, 2), &rollout))
-        .unwrap();
-    let client = services.kube().client().await.unwrap();
-    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), namespace);
-    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
     let mut canary_pods = 0;
     let back = until(
         &tasks,
@@ -282,7 +350,7 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
     let warned = events(cluster, namespace, "RolledBack");
     assert!(warned.contains("failed in the body"), "events: {warned:?}");
     eprintln!(
-        "canary rolled back {rolled_back:.1?} after the change, on {} completed, {} failed in the \
+        "canary rolled back {rolled_back:.1?} after the queue started, on {} completed, {} failed in the \
          body, {} not judged; {outcome}",
         judged.canary.completed, judged.canary.failed, judged.canary.not_judged
     );
@@ -293,14 +361,11 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
 /// with one attempt (the old pods drained and reported everything they ran) and publishes once.
 #[tokio::test]
 async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
-    let Some((turn, services, cluster)) =
+    let Some((services, cluster)) =
         cluster("a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods").await
     else {
         return;
     };
-    // Up to eight pods and a queue of workspace steps: alone, so that neither these figures
-    // nor the binary's other tests depend on how the node's two cores are shared.
-    turn.alone().await;
     let healthy_workflows = workflows(120);
     let (namespace, name) = ("pods-canary-good", "canary-good");
     let _gone = NamespaceGone { cluster, namespace };
@@ -322,6 +387,28 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
     cluster.wait_ready(namespace, name).unwrap();
     let (lake, repository, input_ref) = seeded(services, "pods-canary-good").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
+    let client = services.kube().client().await.unwrap();
+    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
+
+    // The queue starts once the first step's canary is ready, so that the steps, the
+    // analysis and the old pods' drain all happen under work, whatever the queue's length.
+    let started = Instant::now();
+    let new = good_body("2");
+    cluster
+        .apply(&canary_task(namespace, name, &new, (4, 2), &rollout))
+        .unwrap();
+    // (phase, step, the canary's pods), each change once, from the change on.
+    let mut path: Vec<(RolloutPhase, i32, i32)> = Vec::new();
+    until(
+        &tasks,
+        &deployments,
+        name,
+        Duration::from_secs(180),
+        |look| record(&mut path, look),
+        step_ready,
+    )
+    .await;
     let workload = Workload::start(
         &lake,
         &conductor,
@@ -332,32 +419,12 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
     )
     .await
     .unwrap();
-
-    let started = Instant::now();
-    let new = good_body("2");
-    cluster
-        .apply(&canary_task(namespace, name, &new, (4, 2), &rollout))
-        .unwrap();
-    let client = services.kube().client().await.unwrap();
-    let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), namespace);
-    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
-    // (phase, step, the canary's pods), each change once.
-    let mut path: Vec<(RolloutPhase, i32, i32)> = Vec::new();
     let done = until(
         &tasks,
         &deployments,
         name,
         Duration::from_secs(300),
-        |look| {
-            let Some(r) = &look.rollout else { return };
-            let pods = (look.canary.as_ref())
-                .and_then(|d| d.spec.as_ref()?.replicas)
-                .unwrap_or(0);
-            let now = (r.phase, r.step, pods);
-            if path.last() != Some(&now) {
-                path.push(now);
-            }
-        },
+        |look| record(&mut path, look),
         |look| phase(look) == Some(RolloutPhase::Completed) && look.canary.is_none(),
     )
     .await;
@@ -395,7 +462,7 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
 /// returns to the stable template at once; orders for no rollout in progress are refused.
 #[tokio::test]
 async fn promote_and_abort_act_at_once_and_a_change_starts_over() {
-    let Some((_turn, services, cluster)) =
+    let Some((services, cluster)) =
         cluster("promote_and_abort_act_at_once_and_a_change_starts_over").await
     else {
         return;
@@ -441,11 +508,7 @@ async fn promote_and_abort_act_at_once_and_a_change_starts_over() {
     let tasks: Api<PeragoTask> = Api::namespaced(client.clone(), namespace);
     let deployments: Api<Deployment> = Api::namespaced(client, namespace);
     let limit = Duration::from_secs(180);
-    let in_step = |look: &Look| {
-        look.rollout
-            .as_ref()
-            .is_some_and(|r| r.phase == RolloutPhase::Progressing && r.step_ready_time.is_some())
-    };
+    let in_step = step_ready;
 
     // Promote: the new template everywhere, the canary gone.
     apply("2");
