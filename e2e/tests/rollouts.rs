@@ -278,12 +278,18 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
     cluster
         .apply(&canary_task(namespace, name, BAD_BODY, (4, 2), &rollout))
         .unwrap();
+    // The canary's pods at most, as long as it is seen.
+    let mut canary_pods = 0;
+    let mut count = |look: &Look| {
+        let replicas = look.canary.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
+        canary_pods = canary_pods.max(replicas.unwrap_or(0));
+    };
     until(
         &tasks,
         &deployments,
         name,
         Duration::from_secs(180),
-        |_| {},
+        &mut count,
         step_ready,
     )
     .await;
@@ -298,16 +304,12 @@ async fn a_failing_canary_is_rolled_back_and_every_workflow_completes() {
     )
     .await
     .unwrap();
-    let mut canary_pods = 0;
     let back = until(
         &tasks,
         &deployments,
         name,
         Duration::from_secs(300),
-        |look| {
-            let replicas = look.canary.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
-            canary_pods = canary_pods.max(replicas.unwrap_or(0));
-        },
+        &mut count,
         |look| phase(look) == Some(RolloutPhase::RolledBack) && look.canary.is_none(),
     )
     .await;
