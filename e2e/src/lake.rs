@@ -25,6 +25,18 @@ impl Lake {
         }
     }
 
+    /// A repository for one test, `<prefix>-<process id>`, its main holding `data/in.txt`:
+    /// the client, the repository's name and the seed commit.
+    pub async fn seeded(
+        lakefs: &crate::services::LakeFs,
+        prefix: &str,
+    ) -> Result<(Self, String, String)> {
+        let lake = Self::of(lakefs);
+        let repository = format!("{prefix}-{}", std::process::id());
+        let input_ref = lake.seed(&repository, &[("data/in.txt", "seed")]).await?;
+        Ok((lake, repository, input_ref))
+    }
+
     /// A lakeFS at `endpoint` on the embedded storage.
     pub fn new(endpoint: &str) -> Self {
         Self {

@@ -140,13 +140,7 @@ fn workspace_task(namespace: &str, name: &str, script: &str) -> String {
 /// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
 /// repository's name and the seed commit.
 async fn seeded(services: &Services, prefix: &str) -> (Lake, String, String) {
-    let lake = Lake::of(services.lakefs());
-    let repository = format!("{prefix}-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
-    (lake, repository, input_ref)
+    Lake::seeded(services.lakefs(), prefix).await.unwrap()
 }
 
 /// Start a one-step workflow of the task `<namespace>.<name>` on `reference`, with params `n`.

@@ -49,13 +49,7 @@ async fn cluster(test: &str) -> Option<(&'static Services, &'static Cluster)> {
 /// A lakeFS repository for one test, its main holding `data/in.txt`: the client, the
 /// repository's name and the seed commit.
 async fn seeded(services: &Services, prefix: &str) -> (Lake, String, String) {
-    let lake = Lake::of(services.lakefs());
-    let repository = format!("{prefix}-{}", std::process::id());
-    let input_ref = lake
-        .seed(&repository, &[("data/in.txt", "seed")])
-        .await
-        .unwrap();
-    (lake, repository, input_ref)
+    Lake::seeded(services.lakefs(), prefix).await.unwrap()
 }
 
 /// A body that works a second, writes its file and its result; `version` tells templates apart.
