@@ -241,6 +241,11 @@ impl std::ops::Add for CanaryAttempts {
     }
 }
 
+/// A template hash as people read it: its first 8 characters.
+pub fn short(revision: &str) -> &str {
+    revision.get(..8).unwrap_or(revision)
+}
+
 /// The annotation `kubectl perago rollout promote|abort` sets: `promote:<revision>` or
 /// `abort:<revision>`, for the rollout of that revision only, so that an order given for one
 /// rollout never acts on the next.

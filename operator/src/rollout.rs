@@ -159,11 +159,6 @@ impl Plan {
         matches!(self, Self::Canary { status, .. } if status.phase == RolloutPhase::Progressing)
             || matches!(self, Self::Promote { .. })
     }
-
-    /// Whether a canary Deployment is wanted.
-    pub fn keeps_canary(&self) -> bool {
-        matches!(self, Self::Canary { .. } | Self::Promote { .. })
-    }
 }
 
 /// What changed between two statuses that deserves an event: (warning, reason, note).
@@ -246,10 +241,7 @@ pub fn ended(
         .flatten()
 }
 
-/// A template hash as people read it.
-pub fn short(revision: &str) -> &str {
-    revision.get(..8).unwrap_or(revision)
-}
+pub use perago_api::rollout::short;
 
 /// The rollout's next state, from what the reconcile saw.
 pub fn plan(seen: &Seen<'_>) -> Plan {

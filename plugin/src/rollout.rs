@@ -12,7 +12,7 @@ use serde_json::json;
 
 use perago_api::PeragoTask;
 use perago_api::rollout::{
-    CanaryAttempts, ROLLOUT_ORDER_ANNOTATION, RolloutOrder, RolloutPhase, RolloutStatus,
+    CanaryAttempts, ROLLOUT_ORDER_ANNOTATION, RolloutOrder, RolloutPhase, RolloutStatus, short,
 };
 
 use crate::output::Table;
@@ -71,10 +71,6 @@ impl RolloutView {
             .as_ref()
             .is_some_and(|r| matches!(r.phase, RolloutPhase::Paused | RolloutPhase::RolledBack))
     }
-}
-
-fn short(revision: &str) -> &str {
-    revision.get(..8).unwrap_or(revision)
 }
 
 fn attempts(a: &CanaryAttempts) -> String {
