@@ -160,14 +160,7 @@ async fn until(
 ) -> Look {
     let started = Instant::now();
     loop {
-        let task = tasks.get(name).await.unwrap();
-        let rollout = task.status.as_ref().and_then(|s| s.rollout.clone());
-        let canary = deployments.get_opt(&canary_name(name)).await.unwrap();
-        let look = Look {
-            task,
-            rollout,
-            canary,
-        };
+        let look = look(tasks, deployments, name).await;
         seen(&look);
         if done(&look) {
             return look;
@@ -179,6 +172,39 @@ async fn until(
             look.task.status.as_ref().map(|s| &s.conditions)
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn look(tasks: &Api<PeragoTask>, deployments: &Api<Deployment>, name: &str) -> Look {
+    let task = tasks.get(name).await.unwrap();
+    let rollout = task.status.as_ref().and_then(|s| s.rollout.clone());
+    let canary = deployments.get_opt(&canary_name(name)).await.unwrap();
+    Look {
+        task,
+        rollout,
+        canary,
+    }
+}
+
+/// Run `work` while recording the rollout's path every 250 ms: a step can pass while the
+/// workflows start, which takes seconds on a loaded machine.
+async fn recording<T>(
+    tasks: &Api<PeragoTask>,
+    deployments: &Api<Deployment>,
+    name: &str,
+    path: &mut Vec<(RolloutPhase, i32, i32)>,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    loop {
+        let observe = async {
+            record(path, &look(tasks, deployments, name).await);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        tokio::select! {
+            out = &mut work => return out,
+            () = observe => {}
+        }
     }
 }
 
@@ -405,16 +431,18 @@ async fn a_healthy_canary_goes_through_its_steps_and_replaces_the_old_pods() {
         step_ready,
     )
     .await;
-    let workload = Workload::start(
+    let task_type = format!("{namespace}.{name}");
+    let start = Workload::start(
         &lake,
         &conductor,
-        &format!("{namespace}.{name}"),
+        &task_type,
         (&repository, &input_ref),
         "good",
         healthy_workflows,
-    )
-    .await
-    .unwrap();
+    );
+    let workload = recording(&tasks, &deployments, name, &mut path, start)
+        .await
+        .unwrap();
     let done = until(
         &tasks,
         &deployments,

@@ -457,7 +457,10 @@ fn sidecar_container(
         }]),
         startup_probe: Some(http_probe("/healthz", 1, 30)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
-        readiness_probe: Some(http_probe("/readyz", 5, 1)),
+        // Three misses, not one: the ReplicaSet removes a pod that is not Ready before any
+        // deletion cost, so one probe that times out on a loaded node would make a scale-in
+        // remove a busy pod. Readiness gates no traffic here; it only ranks and reports.
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
         volume_mounts: Some(
             [
                 work_mount(),
