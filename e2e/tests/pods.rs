@@ -54,6 +54,20 @@ static TURNS: RwLock<()> = RwLock::const_new(());
 struct Turn {
     lock: &'static RwLock<()>,
     guard: Mutex<Option<Guard>>,
+    /// The test's name, and when its turn began: the lane's log says how long each test held
+    /// its turn, which is where the binary's time goes.
+    test: Option<(String, std::time::Instant)>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some((test, since)) = &self.test {
+            // Written past libtest's capture, so that it shows for a test that passes too.
+            use std::io::Write;
+            let line = format!("[pods] {test} held its turn {:.1?}\n", since.elapsed());
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+    }
 }
 
 #[allow(dead_code)]
@@ -63,12 +77,13 @@ enum Guard {
 }
 
 impl Turn {
-    /// A turn shared with the other tests of `lock`.
-    async fn shared(lock: &'static RwLock<()>) -> Self {
+    /// A turn shared with the other tests of `lock`, for the test named `test` if given.
+    async fn shared(lock: &'static RwLock<()>, test: Option<&str>) -> Self {
         let guard = Guard::Shared(lock.read().await);
         Self {
             lock,
             guard: Mutex::new(Some(guard)),
+            test: test.map(|t| (t.to_owned(), std::time::Instant::now())),
         }
     }
 
@@ -130,7 +145,7 @@ async fn operator(test: &str) -> Option<(&'static Services, &'static Cluster)> {
 /// [`operator`], with a turn shared with the other tests, to hold until the test ends.
 async fn cluster(test: &str) -> Option<(Turn, &'static Services, &'static Cluster)> {
     let (services, cluster) = operator(test).await?;
-    Some((Turn::shared(&TURNS).await, services, cluster))
+    Some((Turn::shared(&TURNS, Some(test)).await, services, cluster))
 }
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {

@@ -420,16 +420,28 @@ fn run(
         let (mut leading, _task) = manager.watch().await;
         let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
             kube::Api::namespaced(client.clone(), &process.lease_namespace);
+        // A standby has no controller to stop on a signal: without this it would wait out the
+        // pod's whole grace period, and every rollout or scale-in of the operator with it.
+        let mut stop = std::pin::pin!(stop_signal());
         loop {
             tracing::info!(identity = %identity, "waiting for the leader lease");
-            if leading.wait_for(|l| *l).await.is_err() {
-                return Err("the leader election stopped".into());
+            tokio::select! {
+                waited = leading.wait_for(|l| *l) => {
+                    if waited.is_err() {
+                        return Err("the leader election stopped".into());
+                    }
+                }
+                () = &mut stop => {
+                    tracing::info!(identity = %identity, "stopping: a signal while standing by");
+                    return Ok(());
+                }
             }
             // The library may still say "leading" from before an outage: lead only once the
             // Lease, read now, is this replica's.
             tokio::select! {
                 () = leadership::confirmed(&leases, &identity) => {}
                 _ = leading.wait_for(|l| !*l) => continue,
+                () = &mut stop => return Ok(()),
             }
             metrics.leader.set(1);
             tracing::info!(identity = %identity, "leading; reconciling");
@@ -451,6 +463,23 @@ fn run(
             tracing::warn!(identity = %identity, "{why}; stopped reconciling");
         }
     })
+}
+
+/// SIGTERM (the kubelet stopping the pod) or Ctrl-C. A leader's controllers stop on their
+/// own (`shutdown_on_signal`), after the reconciles in flight.
+async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
 }
 
 /// Carry out one parsed command line; the error is the one line printed after `error: `.

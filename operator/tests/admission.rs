@@ -79,12 +79,34 @@ async fn the_webhook_refuses_what_the_check_refuses() {
     // by the CRD's schema (types, unknown fields, CEL rules, names).
     let mut by_webhook = Vec::new();
     let mut by_schema = Vec::new();
-    for (path, value, expected) in cases::bad_declarations() {
-        let mut doc = cases::base();
-        cases::set(&mut doc, path, value);
-        // A server-side dry run (what Argo CD and Flux run before syncing) is refused alike.
-        let dry = apply(&cluster, &["--dry-run=server"], &doc).expect_err(path);
-        let refused = apply(&cluster, &[], &doc).expect_err(path);
+    // Eight at a time: each is two kubectl processes, and one after another they took most of
+    // this test's minute on a loaded machine. None is stored, so they cannot meet.
+    let cases = cases::bad_declarations();
+    let refusals: Vec<(&str, &str, String, String)> = std::thread::scope(|scope| {
+        let cluster = &cluster;
+        let workers: Vec<_> = cases
+            .chunks(cases.len().div_ceil(8))
+            .map(|chunk| {
+                scope.spawn(move || {
+                    let refuse = |(path, value, expected): &(&'static str, Value, &'static str)| {
+                        let mut doc = cases::base();
+                        cases::set(&mut doc, path, value.clone());
+                        // A server-side dry run (what Argo CD and Flux run before syncing) is
+                        // refused alike.
+                        let dry = apply(cluster, &["--dry-run=server"], &doc).expect_err(path);
+                        let refused = apply(cluster, &[], &doc).expect_err(path);
+                        (*path, *expected, dry, refused)
+                    };
+                    chunk.iter().map(refuse).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    for (path, expected, dry, refused) in refusals {
         assert_eq!(
             dry.contains(DENIED),
             refused.contains(DENIED),
@@ -257,6 +279,14 @@ async fn the_webhook_refuses_what_the_check_refuses() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The 5 s preStop, then both replicas stop on SIGTERM, the standby too: not the 30 s grace
+    // period's SIGKILL.
+    let stopped = started.elapsed();
+    assert!(
+        stopped < Duration::from_secs(25),
+        "the operator's replicas took {stopped:?} to stop"
+    );
+    eprintln!("both operator replicas gone {stopped:.1?} after the scale to zero");
     let mut valid = cases::base();
     cases::set(&mut valid, "metadata.name", "while-down".into());
     cases::set(&mut valid, "spec.taskName", "admission.down".into());

@@ -117,8 +117,8 @@ async fn setup(test: &str) -> Option<Scenario> {
             flux
         })
         .await;
-    let node = Turn::shared(&TURNS).await;
-    let git = Turn::shared(&GIT).await;
+    let node = Turn::shared(&TURNS, Some(test)).await;
+    let git = Turn::shared(&GIT, None).await;
     Some(Scenario {
         cluster,
         flux,
