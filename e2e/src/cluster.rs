@@ -9,6 +9,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::Services;
+
+thread_local! {
+    /// The task namespaces made on this thread: a test's, since libtest runs each test on a
+    /// thread of its own.
+    static MADE_HERE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The task namespaces [`Cluster::task_namespace`] made on this thread since the last call: a
+/// binary whose tests share one node deletes them when each test ends, so that the pods a test
+/// leaves running do not take the node's CPU from the tests after it.
+pub fn namespaces_made_here() -> Vec<String> {
+    MADE_HERE.with(|made| std::mem::take(&mut *made.borrow_mut()))
+}
 use crate::process::obtain;
 use crate::registry::Release;
 use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
@@ -166,8 +179,10 @@ impl Cluster {
         Ok(())
     }
 
-    /// A restricted namespace for PeragoTasks, with the lakeFS key their pods use.
+    /// A restricted namespace for PeragoTasks, with the lakeFS key their pods use. Its name is
+    /// kept for [`namespaces_made_here`].
     pub fn task_namespace(&self, name: &str) -> Result<()> {
+        MADE_HERE.with(|made| made.borrow_mut().push(name.to_owned()));
         self.restricted_namespace(name)?;
         self.apply(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {LAKEFS_SECRET}\n  namespace: {name}\n\

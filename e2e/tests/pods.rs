@@ -1,8 +1,8 @@
 //! Executor pods on a real kubelet: the operator installed by Helm in the cluster once, and
 //! each test's PeragoTasks run by the pods the operator makes. The tests are grouped by what
 //! they show (`pods/publish.rs`, `failures.rs`, `scaling.rs`, `security.rs`, `gateway.rs`,
-//! `operate.rs`, `lineage.rs`, `support_bundle.rs`, `gitops.rs`); this file holds the cluster
-//! and the steps they share.
+//! `operate.rs`, `lineage.rs`, `support_bundle.rs`, `gitops.rs`, `with_the_operator_down.rs`);
+//! this file holds the cluster and the steps they share.
 //!
 //! Every test holds a [`Turn`] for its whole run: shared with the others, or alone, with no
 //! other test running, for one that stops the operator (the GitOps race scales it to zero).
@@ -41,6 +41,8 @@ mod scaling;
 mod security;
 #[path = "pods/support_bundle.rs"]
 mod support_bundle;
+#[path = "pods/with_the_operator_down.rs"]
+mod with_the_operator_down;
 
 static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
@@ -61,12 +63,29 @@ struct Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if let Some((test, since)) = &self.test {
-            // Written past libtest's capture, so that it shows for a test that passes too.
-            use std::io::Write;
-            let line = format!("[pods] {test} held its turn {:.1?}\n", since.elapsed());
-            let _ = std::io::stderr().write_all(line.as_bytes());
+        let Some((test, since)) = &self.test else {
+            return;
+        };
+        // The test's namespaces go, without waiting: the node's 2 CPUs hold about 35 executor
+        // pods, and those a test leaves running would keep later tests' pods Pending.
+        if let Some(cluster) = OPERATOR.get() {
+            for namespace in perago_e2e::cluster::namespaces_made_here() {
+                let args = [
+                    "delete",
+                    "namespace",
+                    &namespace,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ];
+                if let Err(e) = cluster.kubectl(&args) {
+                    eprintln!("{}: {e:#}", args.join(" "));
+                }
+            }
         }
+        // Written past libtest's capture, so that it shows for a test that passes too.
+        use std::io::Write;
+        let line = format!("[pods] {test} held its turn {:.1?}\n", since.elapsed());
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
 }
 

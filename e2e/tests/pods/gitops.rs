@@ -10,18 +10,18 @@
 //!   task, and leave the running task's pods alone: an image that cannot be pulled (the health
 //!   check times out), a sibling whose TaskDef conflicts (Stalled, so Failed at once), a task
 //!   the webhook refuses. With the Git server gone the task runs on.
-//! - The race: with the operator scaled to zero, a task applied through a new commit has no
-//!   status. Flux's default (kstatus) health check takes it for Current and reports the
-//!   Kustomization Ready at once; with the shipped expressions Flux waits until the operator is
-//!   back and the task is Ready. The test prints both figures, and also whether, with the
-//!   operator up, Flux's first health check of a new task came before the operator's first
-//!   status (not asserted: it is a race).
+//! - The race (`pods/with_the_operator_down.rs`, which uses the helpers here): with the
+//!   operator scaled to zero, a task applied through a new commit has no status. Flux's default
+//!   (kstatus) health check takes it for Current and reports the Kustomization Ready at once;
+//!   with the shipped expressions Flux waits until the operator is back and the task is Ready.
+//!   The test prints both figures, and also whether, with the operator up, Flux's first health
+//!   check of a new task came before the operator's first status (not asserted: it is a race).
 //!
 //! The scenarios run on the operator and the node of the rest of this binary, Flux started by the
 //! first of them. The race has the binary alone once it stops the operator, and then sets the
 //! webhook's `failurePolicy` to `Ignore`, so that a task can be applied while no operator replica
 //! serves it (the chart's values say that is what Ignore is for); afterwards it puts back the
-//! installed replicas and `Fail`, as the other tests expect them.
+//! installed replicas and `Fail`, as the other tests expect them ([`OperatorHeld`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,11 +45,11 @@ use super::{FLUX, TURNS, Turn, operator};
 static GIT: RwLock<()> = RwLock::const_new(());
 
 /// One test's view of the node, the operator and Flux.
-struct Scenario {
-    cluster: &'static Cluster,
-    flux: &'static Flux,
+pub(super) struct Scenario {
+    pub(super) cluster: &'static Cluster,
+    pub(super) flux: &'static Flux,
     /// A client of this test's own runtime (one made on another test's would stop with it).
-    client: kube::Client,
+    pub(super) client: kube::Client,
     /// Held (never read) for the whole test: its turns on the operator and on the Git server.
     node: Turn,
     git: Turn,
@@ -58,7 +58,7 @@ struct Scenario {
 impl Scenario {
     /// From now on, no other test of the binary runs until this one ends: the operator may
     /// stop. Nor does any other scenario, so the Git server is this one's too.
-    async fn alone(&self) {
+    pub(super) async fn alone(&self) {
         // The turn on the Git server goes first: a test waiting to be alone with it holds a
         // turn on the operator, which this one waits for.
         self.git.release().await;
@@ -74,10 +74,10 @@ impl Scenario {
 /// A scenario's Flux objects and namespace, deleted when the scenario ends (also when it fails),
 /// without waiting: every executor pod requests a share of the node's CPU, and the other tests
 /// of the binary need theirs.
-struct Cleanup {
-    cluster: &'static Cluster,
-    name: &'static str,
-    namespace: &'static str,
+pub(super) struct Cleanup {
+    pub(super) cluster: &'static Cluster,
+    pub(super) name: &'static str,
+    pub(super) namespace: &'static str,
 }
 
 impl Drop for Cleanup {
@@ -104,7 +104,7 @@ impl Drop for Cleanup {
     }
 }
 
-async fn setup(test: &str) -> Option<Scenario> {
+pub(super) async fn setup(test: &str) -> Option<Scenario> {
     let (services, cluster) = operator(test).await?;
     let flux = FLUX
         .get_or_init(|| async {
@@ -133,7 +133,7 @@ fn repo() -> PathBuf {
 }
 
 /// The health checks `deploy/flux/peragotasks-kustomization.yaml` ships.
-fn shipped_health_checks() -> Value {
+pub(super) fn shipped_health_checks() -> Value {
     let text =
         std::fs::read_to_string(repo().join("deploy/flux/peragotasks-kustomization.yaml")).unwrap();
     let kustomization: Value = serde_yaml::from_str(&text).unwrap();
@@ -147,7 +147,7 @@ fn shipped_health_checks() -> Value {
 
 /// An example task of `deploy/examples`, runnable on the node: named `name`, its Conductor
 /// task `<namespace>.<name>`, the node's busybox as its body image, no resource requests.
-fn example_task(file: &str, namespace: &str, name: &str) -> String {
+pub(super) fn example_task(file: &str, namespace: &str, name: &str) -> String {
     let text = std::fs::read_to_string(repo().join("deploy/examples").join(file)).unwrap();
     let mut task: Value = serde_yaml::from_str(&text).unwrap();
     assert_eq!(task["kind"], "PeragoTask", "deploy/examples/{file}");
@@ -163,7 +163,7 @@ fn example_task(file: &str, namespace: &str, name: &str) -> String {
     serde_yaml::to_string(&task).unwrap()
 }
 
-fn kustomizations(client: &kube::Client) -> Api<DynamicObject> {
+pub(super) fn kustomizations(client: &kube::Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("kustomize.toolkit.fluxcd.io", "v1", "Kustomization");
     Api::namespaced_with(
         client.clone(),
@@ -172,13 +172,13 @@ fn kustomizations(client: &kube::Client) -> Api<DynamicObject> {
     )
 }
 
-fn tasks(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+pub(super) fn tasks(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("perago.io", "v1alpha1", "PeragoTask");
     Api::namespaced_with(client.clone(), namespace, &ApiResource::from_gvk(&gvk))
 }
 
 /// The object's condition `kind`, if it is for the object's current generation.
-fn condition<'a>(object: &'a DynamicObject, kind: &str) -> Option<&'a Value> {
+pub(super) fn condition<'a>(object: &'a DynamicObject, kind: &str) -> Option<&'a Value> {
     let generation = object.metadata.generation;
     object.data["status"]["conditions"]
         .as_array()?
@@ -218,7 +218,7 @@ fn is_ready(object: &DynamicObject) -> bool {
 }
 
 /// Whether the Kustomization is Ready with `commit` applied, for its current spec.
-fn applied(kustomization: &DynamicObject, commit: &str) -> bool {
+pub(super) fn applied(kustomization: &DynamicObject, commit: &str) -> bool {
     let status = &kustomization.data["status"];
     is_ready(kustomization)
         && status["observedGeneration"].as_i64() == kustomization.metadata.generation
@@ -229,7 +229,7 @@ fn applied(kustomization: &DynamicObject, commit: &str) -> bool {
 
 /// A GitRepository of `repository` and a Kustomization of its `./tasks` into `namespace`,
 /// with `wait` and `prune`, and `health_checks` when given.
-fn flux_objects(
+pub(super) fn flux_objects(
     name: &str,
     repository: &Repository,
     namespace: &str,
@@ -267,7 +267,7 @@ fn flux_objects(
 
 /// Ask source-controller to fetch the GitRepository `name` now (what `flux reconcile source
 /// git` does); kustomize-controller follows the new revision.
-fn request_reconcile(cluster: &Cluster, name: &str) {
+pub(super) fn request_reconcile(cluster: &Cluster, name: &str) {
     let stamp = format!(
         "reconcile.fluxcd.io/requestedAt={}",
         std::time::SystemTime::now()
@@ -289,24 +289,24 @@ fn request_reconcile(cluster: &Cluster, name: &str) {
 
 /// What was seen, polling every 200 ms from `started`: when the Kustomization was first Ready
 /// with `commit` applied, and when each task was first Ready.
-struct Seen {
+pub(super) struct Seen {
     started: Instant,
-    flux_ready: Option<Instant>,
-    tasks_ready: BTreeMap<String, Instant>,
+    pub(super) flux_ready: Option<Instant>,
+    pub(super) tasks_ready: BTreeMap<String, Instant>,
     /// The tasks that were not Ready when the Kustomization was first seen Ready (read right
     /// after it), each with the conditions it had then.
-    not_ready_at_flux_ready: Vec<(String, String)>,
+    pub(super) not_ready_at_flux_ready: Vec<(String, String)>,
 }
 
 impl Seen {
-    fn after(&self, at: Option<Instant>) -> Option<f64> {
+    pub(super) fn after(&self, at: Option<Instant>) -> Option<f64> {
         at.map(|t| t.duration_since(self.started).as_secs_f64())
     }
 }
 
 /// Poll the Kustomization `name` and the tasks `names` until `until` holds of what was seen or
 /// `limit` passes.
-async fn watch(
+pub(super) async fn watch(
     setup: &Scenario,
     name: &str,
     commit: &str,
@@ -346,7 +346,7 @@ async fn watch(
     seen
 }
 
-fn describe(setup: &Scenario, name: &str, namespace: &str) -> String {
+pub(super) fn describe(setup: &Scenario, name: &str, namespace: &str) -> String {
     let get = |args: &[&str]| {
         setup
             .cluster
@@ -378,7 +378,7 @@ fn describe(setup: &Scenario, name: &str, namespace: &str) -> String {
     )
 }
 
-fn scale_operator(cluster: &Cluster, replicas: u32) -> anyhow::Result<()> {
+pub(super) fn scale_operator(cluster: &Cluster, replicas: u32) -> anyhow::Result<()> {
     cluster.kubectl(&[
         "scale",
         "-n",
@@ -417,15 +417,15 @@ fn set_failure_policy(cluster: &Cluster, policy: &str) -> anyhow::Result<()> {
 /// The operator as the race may stop it: while this lives the webhook's `failurePolicy` is
 /// `Ignore`; dropped, also when the test fails, it puts back the replicas and the policy the
 /// operator was installed with and waits until the webhook answers, as the other tests expect.
-struct OperatorHeld {
+pub(super) struct OperatorHeld {
     cluster: &'static Cluster,
     /// The Deployment's replicas as installed.
-    replicas: u32,
+    pub(super) replicas: u32,
     policy: String,
 }
 
 impl OperatorHeld {
-    fn take(cluster: &'static Cluster) -> Self {
+    pub(super) fn take(cluster: &'static Cluster) -> Self {
         let replicas = cluster
             .kubectl(&[
                 "get",
@@ -655,195 +655,6 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
             task.metadata.name
         );
     }
-}
-
-/// With the operator down, a new task has no status: without health expressions Flux reports
-/// the Kustomization Ready before the operator has looked; with the shipped ones it waits for
-/// the operator to come back and the task to be Ready.
-#[tokio::test]
-async fn with_the_operator_down_flux_waits_only_with_the_shipped_health_checks() {
-    let Some(scenario) =
-        setup("with_the_operator_down_flux_waits_only_with_the_shipped_health_checks").await
-    else {
-        return;
-    };
-    let setup = &scenario;
-    let (name, namespace) = ("race", "gitops-race");
-    setup.cluster.task_namespace(namespace).unwrap();
-    let _cleanup = Cleanup {
-        cluster: setup.cluster,
-        name,
-        namespace,
-    };
-    let repository = setup.flux.git.repository(name).unwrap();
-    let write_task = |task: &str| {
-        repository
-            .write(
-                &format!("tasks/{task}.yaml"),
-                &example_task("workspace-free-task.yaml", namespace, task),
-            )
-            .unwrap();
-    };
-    let limit = Duration::from_secs(240);
-
-    // A first task, with the operator up and Flux's default health checks.
-    write_task("first");
-    let commit = repository.commit("A first task").unwrap();
-    setup
-        .cluster
-        .apply(&flux_objects(name, &repository, namespace, None))
-        .unwrap();
-    let seen = watch(setup, name, &commit, namespace, &["first"], limit, |seen| {
-        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("first")
-    })
-    .await;
-    assert!(
-        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("first"),
-        "the first task and its Kustomization were not Ready\n{}",
-        describe(setup, name, namespace)
-    );
-    // Not asserted: whether Flux's first health check comes before the operator's first status.
-    eprintln!(
-        "race with the operator up, without health expressions: Flux Ready {:.1} s after the \
-         apply (the task then: {}), the task Ready at {:.1} s",
-        seen.after(seen.flux_ready).unwrap(),
-        seen.not_ready_at_flux_ready
-            .first()
-            .map_or("Ready", |(_, conditions)| conditions.as_str()),
-        seen.after(seen.tasks_ready.get("first").copied()).unwrap(),
-    );
-
-    // Without health expressions: the operator scaled to zero, a second task committed. The
-    // other tests wait on the operator, so from here they wait for this one.
-    setup.alone().await;
-    let installed = OperatorHeld::take(setup.cluster);
-    scale_operator(setup.cluster, 0).unwrap();
-    write_task("second");
-    let commit = repository.commit("A second task").unwrap();
-    request_reconcile(setup.cluster, name);
-    let seen = watch(
-        setup,
-        name,
-        &commit,
-        namespace,
-        &["second"],
-        limit,
-        |seen| seen.flux_ready.is_some(),
-    )
-    .await;
-    let Some(flux_ready) = seen.flux_ready else {
-        panic!(
-            "without health expressions the Kustomization was not Ready with {commit}\n{}",
-            describe(setup, name, namespace)
-        );
-    };
-    let second = tasks(&setup.client, namespace).get("second").await.unwrap();
-    assert!(
-        second.data["status"]["conditions"].is_null(),
-        "the operator is down, yet the second task has conditions: {:#}",
-        second.data["status"]
-    );
-    // Some seconds more with the operator down: Flux keeps calling it Ready.
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let ks = kustomizations(&setup.client).get(name).await.unwrap();
-    assert!(
-        applied(&ks, &commit),
-        "{}",
-        describe(setup, name, namespace)
-    );
-    let operator_back = Instant::now();
-    scale_operator(setup.cluster, installed.replicas).unwrap();
-    let back = watch(
-        setup,
-        name,
-        &commit,
-        namespace,
-        &["second"],
-        limit,
-        |seen| seen.tasks_ready.contains_key("second"),
-    )
-    .await;
-    let Some(second_ready) = back.tasks_ready.get("second").copied() else {
-        panic!(
-            "the second task was not Ready after the operator came back\n{}",
-            describe(setup, name, namespace)
-        );
-    };
-    let without = second_ready.duration_since(flux_ready).as_secs_f64();
-    eprintln!(
-        "race without health expressions: Flux reported Ready {:.1} s after the reconcile request, \
-         with the task unseen by the operator; the task was Ready {without:.1} s later ({:.1} s \
-         after the operator was scaled back up)",
-        seen.after(Some(flux_ready)).unwrap(),
-        second_ready.duration_since(operator_back).as_secs_f64(),
-    );
-
-    // With the shipped expressions: set while the operator is up, then the operator down again
-    // and a third task committed.
-    let checks = shipped_health_checks();
-    setup
-        .cluster
-        .apply(&flux_objects(name, &repository, namespace, Some(&checks)))
-        .unwrap();
-    let seen = watch(
-        setup,
-        name,
-        &commit,
-        namespace,
-        &["first", "second"],
-        limit,
-        |seen| seen.flux_ready.is_some(),
-    )
-    .await;
-    assert!(
-        seen.flux_ready.is_some(),
-        "the Kustomization with health expressions was not Ready\n{}",
-        describe(setup, name, namespace)
-    );
-    scale_operator(setup.cluster, 0).unwrap();
-    write_task("third");
-    let commit = repository.commit("A third task").unwrap();
-    request_reconcile(setup.cluster, name);
-    // Longer than the two health-check polls (every 5 s) Flux would need to call it Ready.
-    let hold = Duration::from_secs(20);
-    let held = watch(setup, name, &commit, namespace, &["third"], hold, |seen| {
-        seen.flux_ready.is_some()
-    })
-    .await;
-    assert!(
-        held.flux_ready.is_none(),
-        "with the health expressions Flux reported Ready while the operator was down\n{}",
-        describe(setup, name, namespace)
-    );
-    let ks = kustomizations(&setup.client).get(name).await.unwrap();
-    let message = condition(&ks, "Ready").map(|c| c["message"].clone());
-    eprintln!("race with health expressions: while the operator is down, Flux says {message:?}");
-    let operator_back = Instant::now();
-    scale_operator(setup.cluster, installed.replicas).unwrap();
-    let seen = watch(setup, name, &commit, namespace, &["third"], limit, |seen| {
-        seen.flux_ready.is_some() && seen.tasks_ready.contains_key("third")
-    })
-    .await;
-    let (Some(flux_ready), Some(third_ready)) =
-        (seen.flux_ready, seen.tasks_ready.get("third").copied())
-    else {
-        panic!(
-            "after the operator came back, the Kustomization or the third task was not Ready\n{}",
-            describe(setup, name, namespace)
-        );
-    };
-    assert!(
-        seen.not_ready_at_flux_ready.is_empty() && flux_ready >= third_ready,
-        "Flux reported Ready before the third task was\n{}",
-        describe(setup, name, namespace)
-    );
-    eprintln!(
-        "race with health expressions: the task Ready {:.1} s after the operator was scaled back \
-         up, Flux Ready {:.1} s after the task (Flux held for {:.0} s with the operator down)",
-        third_ready.duration_since(operator_back).as_secs_f64(),
-        flux_ready.duration_since(third_ready).as_secs_f64(),
-        hold.as_secs_f64(),
-    );
 }
 
 /// Commits of one bad task at a time to a Kustomization's repository.
