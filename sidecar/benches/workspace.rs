@@ -1372,12 +1372,23 @@ async fn main() {
     );
 }
 
-/// The machine's load averages now (other work shares it): recorded beside each try.
+/// The machine's load averages now (other work shares it), and the page cache's bytes not yet
+/// on disk (a try that starts while an earlier one's gigabyte is written back shares the disk
+/// with it): recorded beside each try.
 fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
+    let load = std::fs::read_to_string("/proc/loadavg")
         .map(|l| {
             let avg: Vec<&str> = l.split_whitespace().take(3).collect();
             format!("load {}", avg.join(" "))
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let unwritten = (kib("Dirty:") + kib("Writeback:")) / 1024;
+    format!("{load}, {unwritten} MiB dirty or in write-back")
 }
