@@ -7,7 +7,8 @@
 //! more for the code, then the body.
 //!
 //! Asserts: nothing panics; a failed status is an error naming the call, quoting at most
-//! 300 characters of the body; a success is the body's JSON (or the body as a JSON string),
+//! 300 characters of the body, or a gateway's refusal of the client certificate (400, 495,
+//! 496 with the gateway's words); a success is the body's JSON (or the body as a JSON string),
 //! none for 204 or an empty body; a poll answer that is no array is refused; a snapshot
 //! carries the task's own fields, and a refusal names the missing or mistyped field; the
 //! execution directory's name stays one plain name; the staging branch is a valid lakeFS
@@ -121,6 +122,18 @@ fuzz_target!(|data: &[u8]| {
             assert!(!status.is_success());
             assert_eq!((call, s), ("get task", status));
             assert!(body.chars().count() <= 300 && text.starts_with(&body));
+            return;
+        }
+        // A TLS gateway's page refusing the client certificate is its own kind (the request
+        // never reached Conductor).
+        Err(ConductorError {
+            call,
+            task_def: None,
+            kind: ErrorKind::CertificateRefused(refused),
+        }) => {
+            assert!(matches!(status.as_u16(), 400 | 495 | 496), "{status}");
+            assert_eq!(call, "get task");
+            assert!(refused.contains(&format!("HTTP {}", status.as_u16())), "{refused}");
             return;
         }
         Err(e) => panic!("only a status is an error here: {e}"),

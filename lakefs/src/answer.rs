@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 
 use perago_contract::text::{QUOTED_MAX, clip};
 
-use crate::{Call, LakeFsError};
+use crate::{Call, ErrorKind, LakeFsError};
 
 /// Longest non-JSON error body an error quotes (lakeFS's JSON `message` is the cause and is
 /// quoted whole, last).
@@ -136,7 +136,8 @@ impl ObjectErrorList {
             first.message.as_deref().unwrap_or(""),
             clip(first.path.as_deref().unwrap_or("?"), QUOTED_MAX)
         );
-        Err(call.refused(status, message))
+        // An object's failure inside lakeFS's own answer: no gateway's page, whatever its words.
+        Err(call.error(ErrorKind::Status { status, message }))
     }
 }
 
@@ -286,6 +287,12 @@ mod tests {
             .expect_err("a failure");
         assert_eq!(e.status(), Some(StatusCode::INTERNAL_SERVER_ERROR));
         assert!(e.to_string().ends_with("odd (object '?')"), "{e}");
+        // lakeFS's own answer, whatever an object's message says: never a gateway's refusal.
+        let e = deleted(
+            r#"{"errors": [{"status_code": 400, "message": "The SSL certificate error", "path": "k"}]}"#,
+        )
+        .expect_err("a failure");
+        assert_eq!(e.status(), Some(StatusCode::BAD_REQUEST), "{e}");
     }
 
     #[test]
