@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::Services;
+use crate::process::obtain;
+use crate::registry::Release;
+use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 
 thread_local! {
     /// The task namespaces made on this thread: a test's, since libtest runs each test on a
@@ -22,9 +25,6 @@ thread_local! {
 pub fn namespaces_made_here() -> Vec<String> {
     MADE_HERE.with(|made| std::mem::take(&mut *made.borrow_mut()))
 }
-use crate::process::obtain;
-use crate::registry::Release;
-use crate::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 
 /// The namespace the operator is installed in, and its Helm release.
 pub const OPERATOR_NAMESPACE: &str = "perago-system";
