@@ -449,6 +449,24 @@ impl LakeFsClient {
         }
     }
 
+    /// Drop the uncommitted change of `key` on a branch: it reads as in the branch's head
+    /// commit again. Retried (resetting twice is resetting once).
+    pub async fn reset_object(
+        &self,
+        repository: &str,
+        branch: &str,
+        key: &str,
+    ) -> Result<(), LakeFsError> {
+        let call = Call::new("reset object", repository, branch);
+        let path = call.path("branches", "");
+        let body = json!({"type": "object", "path": key});
+        self.idempotent(call, || {
+            self.request(Method::PUT, &path, self.timeout).json(&body)
+        })
+        .await
+        .map(drop)
+    }
+
     /// Delete keys from a branch, at most 1000 per request; missing keys are not errors.
     pub async fn delete_objects(
         &self,

@@ -13,6 +13,7 @@
 //! input ref; a writable attempt that changed nothing completes with the input ref when the
 //! head is still the input ref, and never makes an empty commit.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,7 +41,7 @@ use crate::trace::AttemptTrace;
 use crate::workspace::download::{self, Manifest};
 use crate::workspace::guardrails::GuardrailError;
 use crate::workspace::publish::{self, FenceError, PublishBase, StageError};
-use crate::workspace::snapshot::{Baseline, Snapshot};
+use crate::workspace::snapshot::{self, Baseline, Item, Snapshot};
 use crate::workspace::{WorkspaceRuntime, guardrails};
 use perago_contract::protocol::files;
 
@@ -197,8 +198,10 @@ impl Attempt<'_> {
         let Some(before) = before else {
             return Ok(completion(Some(&ws), result, None));
         };
-        let (after, changed) = self.changes(before, &root).await?;
-        let base = self.fences(rt, &ws, changed).await?;
+        let (before, mut after) = self.changes(before, &root).await?;
+        // An unread file counts as a change until its upload has read it (ADR 0045).
+        let changed = after != *before.items();
+        let base = self.fences(rt, &ws, &before, &after, &root).await?;
         let sweep = |ours| {
             Some(Sweep {
                 repository: ws.repository.clone(),
@@ -213,7 +216,7 @@ impl Attempt<'_> {
             return Ok(completion(Some(&ws), result, sweep(None)));
         }
         let _publishing = self.metrics().time_phase("publish");
-        let staged = self.stage(rt, &ws, &root, &after, &base, staging).await;
+        let staged = self.stage(rt, &ws, &root, &mut after, &base, staging).await;
         let Some(staged) = staged? else {
             // The base (an earlier publication of this step) already holds exactly this
             // workspace: nothing to stage, nothing to merge.
@@ -373,17 +376,35 @@ impl Attempt<'_> {
     }
 
     /// The workspace's files and their checksums after the body, reading only what the
-    /// baseline cannot vouch for, and whether the body changed anything.
+    /// baseline cannot vouch for; large files to be read are left to their uploads.
     async fn changes(
         &self,
         before: Baseline,
         root: &Path,
-    ) -> Result<(Snapshot, bool), AttemptError> {
+    ) -> Result<(Baseline, Snapshot), AttemptError> {
         let root = root.to_owned();
         blocking(move || {
-            let after = before.after(&root)?;
-            let changed = after != *before.items();
-            Ok((after, changed))
+            let after = before.after_reading_later(&root, snapshot::READ_LATER_MIN)?;
+            Ok((before, after))
+        })
+        .await
+    }
+
+    /// Whether the body left the workspace as it received it, reading the files left unread
+    /// (only a refused publication asks before the uploads have read them).
+    async fn unchanged(
+        &self,
+        before: &Baseline,
+        after: &Snapshot,
+        root: &Path,
+    ) -> Result<bool, AttemptError> {
+        if !after.iter().any(Item::is_unread) {
+            return Ok(after == before.items());
+        }
+        let (root, mut after, before) = (root.to_owned(), after.clone(), before.items().clone());
+        blocking(move || {
+            snapshot::read_unread(&root, &mut after)?;
+            Ok(after == before)
         })
         .await
     }
@@ -422,7 +443,9 @@ impl Attempt<'_> {
         &self,
         rt: &WorkspaceRuntime,
         ws: &WorkspaceRef,
-        changed: bool,
+        before: &Baseline,
+        after: &Snapshot,
+        root: &Path,
     ) -> Result<PublishBase, AttemptError> {
         let _timer = self.metrics().time_phase("fence");
         self.trace.mark("fence");
@@ -430,16 +453,18 @@ impl Attempt<'_> {
         let lakefs = &rt.lakefs;
         match publish::publish_fence(lakefs, ws, &self.snapshot.logical_task_key()).await {
             Ok(base) => Ok(base),
-            Err(reason) if !changed => match lakefs.branch_head(&ws.repository, &ws.branch).await {
-                Ok(head) => Err(AttemptError::PublishFence(FenceError::Refused(
-                    FenceRefusal::NoOpMoved {
-                        branch: ws.branch.clone(),
-                        input: ws.reference.clone(),
-                        head,
-                    },
-                ))),
-                Err(_) => Err(AttemptError::PublishFence(reason)),
-            },
+            Err(reason) if self.unchanged(before, after, root).await? => {
+                match lakefs.branch_head(&ws.repository, &ws.branch).await {
+                    Ok(head) => Err(AttemptError::PublishFence(FenceError::Refused(
+                        FenceRefusal::NoOpMoved {
+                            branch: ws.branch.clone(),
+                            input: ws.reference.clone(),
+                            head,
+                        },
+                    ))),
+                    Err(_) => Err(AttemptError::PublishFence(reason)),
+                }
+            }
             Err(reason) => Err(AttemptError::PublishFence(reason)),
         }
     }
@@ -483,7 +508,7 @@ impl Attempt<'_> {
         rt: &WorkspaceRuntime,
         ws: &WorkspaceRef,
         root: &Path,
-        workspace: &Snapshot,
+        workspace: &mut Snapshot,
         base: &PublishBase,
         staging: &mut Option<String>,
     ) -> Result<Option<Staged>, AttemptError> {
@@ -495,7 +520,7 @@ impl Attempt<'_> {
             .await
             .map_err(StageError::from)?;
         let plan = publish::plan(workspace, &base_objects, prefix)?;
-        if plan.uploads.is_empty() && plan.deletes.is_empty() {
+        if plan.is_empty() {
             return Ok(None);
         }
         let branch = StagingBranch::of(self.snapshot, self.execution_id).to_string();
@@ -514,10 +539,34 @@ impl Attempt<'_> {
             rt.limits.object_timeout,
         )
         .await;
-        if let Err(e) = applied {
-            self.metrics()
-                .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
-            return Err(StageError::from(e).into());
+        let uploaded = match applied {
+            Ok(uploaded) => uploaded,
+            Err(e) => {
+                self.metrics()
+                    .record_workspace_io("upload", started.elapsed().as_secs_f64(), None);
+                return Err(StageError::from(e).into());
+            }
+        };
+        if workspace.iter().any(Item::is_unread) {
+            publish::read_from_uploads(workspace, &uploaded);
+            if workspace.iter().any(Item::is_unread) {
+                let (dir, mut read) = (root.to_owned(), std::mem::take(workspace));
+                *workspace =
+                    blocking(move || snapshot::read_unread(&dir, &mut read).map(|()| read)).await?;
+            }
+            // Files rewritten with the bytes the base holds: their staged copies are
+            // dropped, so the commit is what it would have been had they been read first.
+            let settled = publish::plan(workspace, &base_objects, prefix)?;
+            if settled.is_empty() {
+                return Ok(None);
+            }
+            let needed: BTreeSet<&String> = settled.uploads.iter().map(|(key, _)| key).collect();
+            for (key, _) in plan.uploads.iter().filter(|(key, _)| !needed.contains(key)) {
+                lakefs
+                    .reset_object(&ws.repository, &branch, key)
+                    .await
+                    .map_err(StageError::from)?;
+            }
         }
         let publication =
             Publication::of_attempt(self.snapshot, ws, prefix, rt.lineage.read().await);

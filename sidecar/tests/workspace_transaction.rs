@@ -585,6 +585,138 @@ async fn a_foreign_commit_on_the_target_fails_the_publication_closed() {
     lake.assert_no_staging_branch(&repo).await;
 }
 
+/// Files of 8 MiB or more whose stamp changed are hashed by their upload, not before it
+/// (ADR 0045); the outcomes are those of reading them first. n = 1 rewrites `big.bin` with
+/// the bytes it had, n = 2 does that and changes `small.txt`, n = 3 changes one byte of
+/// `big.bin`.
+#[tokio::test]
+async fn large_files_read_while_they_upload_publish_only_real_changes() {
+    use md5::Digest;
+    let lake = Lake::new().await;
+    let big: String = (0..8usize << 20)
+        .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+        .collect();
+    let (repo, _) = lake.repository("ws-large", &[("small.txt", "s")]).await;
+    // Put with a content type of its own: a staged copy of the same bytes would differ from
+    // it in lakeFS (an upload's type is application/octet-stream).
+    let put = lake
+        .http
+        .post(format!(
+            "{}/api/v1/repositories/{repo}/branches/main/objects?path=big.bin",
+            lake.endpoint
+        ))
+        .basic_auth(LAKEFS_ACCESS_KEY_ID, Some(LAKEFS_SECRET_ACCESS_KEY))
+        .header("Content-Type", "text/plain")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    let input = lake
+        .client
+        .commit(&repo, "main", "big", &BTreeMap::new())
+        .await
+        .unwrap()
+        .id;
+    let body = format!(
+        r#"ws="$PERAGO_WORKSPACE"
+if grep -q '"n": *[12]' "$PERAGO_PARAMS"; then
+  cp "$ws/big.bin" "$T/big.$$"; cat "$T/big.$$" > "$ws/big.bin"; rm "$T/big.$$"
+fi
+if grep -q '"n": *2' "$PERAGO_PARAMS"; then echo changed > "$ws/small.txt"; fi
+if grep -q '"n": *3' "$PERAGO_PARAMS"; then printf X | dd of="$ws/big.bin" bs=1 count=1 conv=notrunc 2>/dev/null; fi
+{COUNT_FILES}
+"#
+    );
+    let (api, pod) = task_pod("ws.large", "{prefix: /}", &body).await;
+    let run = |n: u32, from: String| {
+        let api = &api;
+        let repo = &repo;
+        async move {
+            let input = json!({"workspace": workspace(repo, &from), "params": {"n": n}});
+            api.finished(&api.start("ws.large", &format!("large-{n}"), input).await)
+                .await
+        }
+    };
+    let stat = |reference: String| {
+        let lake = &lake;
+        let repo = &repo;
+        async move {
+            lake.api(
+                reqwest::Method::GET,
+                &format!("/repositories/{repo}/refs/{reference}/objects/stat?path=big.bin"),
+                None,
+            )
+            .await
+        }
+    };
+
+    let wf = run(1, input.clone()).await;
+    assert_eq!(
+        only_task(&wf)["outputData"]["workspace"],
+        workspace(&repo, &input),
+        "the same bytes are no change: {wf}\n{}",
+        pod.log()
+    );
+    assert_eq!(lake.head(&repo).await, input, "no commit");
+    lake.assert_no_staging_branch(&repo).await;
+
+    let wf = run(2, input.clone()).await;
+    let published = only_task(&wf)["outputData"]["workspace"]["ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("published: {wf}\n{}", pod.log()))
+        .to_owned();
+    let diff = lake
+        .api(
+            reqwest::Method::GET,
+            &format!("/repositories/{repo}/refs/{input}/diff/{published}"),
+            None,
+        )
+        .await;
+    let changed: Vec<&str> = diff["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(changed, ["small.txt"], "{diff}");
+    let (kept, was) = (stat(published.clone()).await, stat(input.clone()).await);
+    assert_eq!(
+        (&kept["physical_address"], &kept["content_type"]),
+        (&was["physical_address"], &json!("text/plain")),
+        "big.bin's staged copy was dropped: the commit keeps the base's object"
+    );
+
+    let wf = run(3, published.clone()).await;
+    let changed_ref = only_task(&wf)["outputData"]["workspace"]["ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("published: {wf}\n{}", pod.log()))
+        .to_owned();
+    let mut expected = big.clone().into_bytes();
+    expected[0] = b'X';
+    let md5: String = md5::Md5::digest(&expected)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let stored = stat(changed_ref).await;
+    assert_eq!(
+        (stored["checksum"].as_str(), stored["size_bytes"].as_u64()),
+        (Some(md5.as_str()), Some(8 << 20)),
+        "{stored}"
+    );
+
+    // From a ref the branch has left, the same bytes are still a no-op, and refused as one:
+    // the refusal reads the file its upload would have read.
+    let head = lake.head(&repo).await;
+    let wf = run(1, input.clone()).await;
+    assert_eq!(
+        only_task(&wf)["reasonForIncompletion"],
+        format!("main cannot complete no-op from input ref {input}; current head is {head}"),
+        "{wf}"
+    );
+    lake.assert_no_staging_branch(&repo).await;
+}
+
 #[tokio::test]
 async fn malformed_workspace_input_is_refused_before_any_download() {
     let lake = Lake::new().await;

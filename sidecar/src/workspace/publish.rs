@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use perago_contract::paths::{PathError, listing_prefix, local_to_object_key};
 
 use perago_contract::text::{QUOTED_MAX, clip};
-use perago_lakefs::{Commit, LakeFsClient, LakeFsError};
+use perago_lakefs::{Commit, LakeFsClient, LakeFsError, ObjectEntry};
 use perago_workspace::attempt::AttemptSnapshot;
 use perago_workspace::history::confirm_of;
 use perago_workspace::reference::WorkspaceRef;
@@ -19,7 +19,7 @@ use perago_workspace::refusal::FenceRefusal;
 use perago_workspace::staging;
 
 use crate::workspace::download;
-use crate::workspace::snapshot::{Kind, Snapshot};
+use crate::workspace::snapshot::{self, Kind, Snapshot};
 
 /// Longest first-parent range the fence classifies.
 pub const PUBLISH_RANGE: usize = 1024;
@@ -180,8 +180,16 @@ pub struct StagePlan {
     pub upload_bytes: u64,
 }
 
+impl StagePlan {
+    /// Nothing to change: the base already holds the workspace.
+    pub fn is_empty(&self) -> bool {
+        self.uploads.is_empty() && self.deletes.is_empty()
+    }
+}
+
 /// Compare the workspace with the base's objects under the prefix (`base`: object key →
-/// checksum). Symlinks refuse publication. Only objects whose content differs are uploaded.
+/// checksum). Symlinks refuse publication. Only objects whose content differs are uploaded,
+/// and every unread file (its digest is known once its upload has read it).
 pub fn plan(
     workspace: &Snapshot,
     base: &BTreeMap<String, String>,
@@ -243,6 +251,9 @@ pub async fn base_objects(
     Ok(out)
 }
 
+/// What lakeFS recorded for each upload of a plan: local relative path → its object.
+pub type Uploaded = BTreeMap<String, ObjectEntry>;
+
 /// Apply a plan to the staging branch (deletes, then uploads in parallel).
 pub async fn apply(
     client: &LakeFsClient,
@@ -252,25 +263,42 @@ pub async fn apply(
     workspace_dir: &Path,
     parallelism: usize,
     object_timeout: Duration,
-) -> Result<(), LakeFsError> {
+) -> Result<Uploaded, LakeFsError> {
     client
         .delete_objects(repository, staging, &plan.deletes)
         .await?;
     let mut uploads =
+        // Owned keys: a stream of futures borrowing the plan is not `Send` to the compiler.
         futures_util::stream::iter(plan.uploads.clone().into_iter().map(|(key, local)| {
-            let file = workspace_dir.join(local);
+            let file = workspace_dir.join(&local);
             async move {
-                client
+                let entry = client
                     .upload(repository, staging, &key, &file, object_timeout)
-                    .await
-                    .map(drop)
+                    .await?;
+                Ok::<_, LakeFsError>((local, entry))
             }
         }))
         .buffer_unordered(parallelism.max(1));
+    let mut uploaded = Uploaded::new();
     while let Some(done) = uploads.next().await {
-        done?;
+        let (local, entry) = done?;
+        uploaded.insert(local, entry);
     }
-    Ok(())
+    Ok(uploaded)
+}
+
+/// Give each unread file of `workspace` the digest and size of the bytes its upload sent,
+/// as lakeFS recorded them. A file whose checksum is not an MD5 stays unread.
+pub fn read_from_uploads(workspace: &mut Snapshot, uploaded: &Uploaded) {
+    for item in workspace.iter_mut().filter(|i| i.is_unread()) {
+        let Some(entry) = uploaded.get(&item.path) else {
+            continue;
+        };
+        if let Some(md5) = snapshot::digest_of_checksum(&entry.checksum) {
+            item.digest = md5.to_owned();
+            item.size = entry.size_bytes.unwrap_or(item.size);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -366,6 +394,40 @@ mod tests {
                 .to_string()
                 .contains("beyond")
         );
+    }
+
+    #[test]
+    fn an_unread_file_is_uploaded_and_then_known_by_its_checksum() {
+        let unread = Item {
+            path: "big".into(),
+            kind: Kind::File,
+            digest: String::new(),
+            size: 10,
+        };
+        let same = "0123456789abcdef0123456789abcdef";
+        let base = BTreeMap::from([("data/big".to_owned(), same.to_owned())]);
+        let mut workspace = vec![unread.clone()];
+        assert_eq!(plan(&workspace, &base, "data").unwrap().uploads.len(), 1);
+        let entry = |checksum: &str| ObjectEntry {
+            checksum: checksum.into(),
+            size_bytes: Some(12),
+            ..ObjectEntry::default()
+        };
+        // A checksum that is not an MD5 says nothing of the bytes.
+        read_from_uploads(
+            &mut workspace,
+            &Uploaded::from([("big".to_owned(), entry("etag-2"))]),
+        );
+        assert!(workspace[0].is_unread());
+        read_from_uploads(
+            &mut workspace,
+            &Uploaded::from([("big".to_owned(), entry(same))]),
+        );
+        assert_eq!(
+            (workspace[0].digest.as_str(), workspace[0].size),
+            (same, 12)
+        );
+        assert!(plan(&workspace, &base, "data").unwrap().is_empty());
     }
 
     #[test]

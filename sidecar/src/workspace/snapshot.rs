@@ -15,7 +15,9 @@
 //!   change time before `T` whose stamp is unchanged after the body was not touched by it. A
 //!   file recorded at or after `T` (written within the clock's last tick) is *racy*: its stamp
 //!   proves nothing, so it is read after the body like a file whose stamp changed;
-//! - after the body, [`Baseline::after`] hashes only the new, racy and re-stamped files.
+//! - after the body, [`Baseline::after`] hashes only the new, racy and re-stamped files;
+//!   [`Baseline::after_reading_later`] leaves the large ones among them *unread* (their
+//!   digest is taken while they upload, [`read_unread`] when they do not: ADR 0045).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -37,12 +39,25 @@ pub struct Item {
     pub path: String,
     pub kind: Kind,
     /// MD5 hex of a file (what lakeFS reports as the checksum of uploaded objects); the
-    /// target of a symlink.
+    /// target of a symlink; empty for an unread file ([`Item::is_unread`]).
     pub digest: String,
     pub size: u64,
 }
 
+impl Item {
+    /// A file whose bytes may have changed and whose digest is not known yet: it differs
+    /// from every recorded item, and from every object of lakeFS, until it is read.
+    pub fn is_unread(&self) -> bool {
+        self.kind == Kind::File && self.digest.is_empty()
+    }
+}
+
 pub type Snapshot = Vec<Item>;
+
+/// The size from which [`Baseline::after_reading_later`] leaves a file unread. Below it a
+/// read costs milliseconds, which buys the no-op exit without a staging branch; above it the
+/// upload reads the file anyway (ADR 0045).
+pub const READ_LATER_MIN: u64 = 8 << 20;
 
 /// What the file system says of a file without reading it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +127,17 @@ impl Baseline {
     /// The workspace at `root` now, reading only the files whose stamp cannot vouch for
     /// them. Blocking.
     pub fn after(&self, root: &Path) -> std::io::Result<Snapshot> {
+        self.after_reading_later(root, u64::MAX)
+    }
+
+    /// As [`Baseline::after`], but a file of `read_later_min` bytes or more that must be read
+    /// is left unread ([`Item::is_unread`]): the upload that stages it reads it anyway.
+    /// Blocking.
+    pub fn after_reading_later(
+        &self,
+        root: &Path,
+        read_later_min: u64,
+    ) -> std::io::Result<Snapshot> {
         let recorded: HashMap<&str, &Item> =
             self.items.iter().map(|i| (i.path.as_str(), i)).collect();
         scan(root, |path, entry| {
@@ -122,10 +148,31 @@ impl Baseline {
                 .is_some_and(|(before, trusted)| *trusted && *before == stamp);
             match recorded.get(path.as_str()) {
                 Some(item) if vouched => Ok((*item).clone()),
+                _ if stamp.size >= read_later_min => Ok(Item {
+                    path,
+                    kind: Kind::File,
+                    digest: String::new(),
+                    size: stamp.size,
+                }),
                 _ => hashed(path, &entry.path()),
             }
         })
     }
+}
+
+/// Read the unread files of `snapshot` (below `root`), each now given its digest and the
+/// size read. Blocking.
+pub fn read_unread(root: &Path, snapshot: &mut Snapshot) -> std::io::Result<()> {
+    for item in snapshot.iter_mut().filter(|i| i.is_unread()) {
+        (item.digest, item.size) = md5_of(&root.join(&item.path))?;
+    }
+    Ok(())
+}
+
+/// A checksum lakeFS gives for an object it stored from the bytes sent, as the digest of
+/// those bytes: only a plain MD5 is one ([`is_md5`]).
+pub fn digest_of_checksum(checksum: &str) -> Option<&str> {
+    is_md5(checksum).then_some(checksum)
 }
 
 /// Every regular file and symlink below `root` (the attempt marker aside), hashed; for a
@@ -362,6 +409,35 @@ mod tests {
         // as the probe is racy, never trusted.
         let clock = clock_at(&t.path().join("probe")).unwrap();
         assert!(stamp.changed <= clock);
+    }
+
+    #[test]
+    fn large_files_to_read_are_left_unread_until_asked() {
+        let t = tempfile::tempdir().unwrap();
+        let r = &t.path().join("ws");
+        std::fs::create_dir(r).unwrap();
+        for f in ["large", "small", "kept"] {
+            std::fs::write(r.join(f), b"one").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let before = baseline(r);
+        std::fs::write(r.join("large"), b"four").unwrap();
+        std::fs::write(r.join("small"), b"tw").unwrap();
+        std::fs::write(r.join("new-large"), b"five!").unwrap();
+        let mut after = before.after_reading_later(r, 4).unwrap();
+        let unread: Vec<(&str, u64)> = after
+            .iter()
+            .filter(|i| i.is_unread())
+            .map(|i| (i.path.as_str(), i.size))
+            .collect();
+        assert_eq!(
+            unread,
+            [("large", 4), ("new-large", 5)],
+            "the stamp vouches for 'kept'; 'small' is read"
+        );
+        assert_ne!(&after, before.items());
+        read_unread(r, &mut after).unwrap();
+        assert_eq!(after, take(r).unwrap());
     }
 
     #[test]
