@@ -4,7 +4,7 @@
 #   docker build --target operator -t ghcr.io/perago/perago-operator:0.1.0 .
 #   docker build --target sidecar  -t ghcr.io/perago/perago-sidecar:0.1.0 .
 #
-# The sidecar image also carries perago-runner, which its `install-runner` init container
+# The sidecar image also carries perago-runner, which the sidecar container's postStart hook
 # copies into the pod's shared volume; being static, the runner runs in any body image.
 # CI builds the binaries with the same `make release-binaries` and lints this file.
 

@@ -420,10 +420,10 @@ async fn attempts_run_through_containerd_and_kubelet_restarts() {
         assert_eq!(after, before, "the pods and their containers are the same");
 
         // Then a body crashes mid-attempt (its container's PID 1 killed through containerd).
-        // The kubelet restarts it beside the sidecar, whose startup probe it ran after its own
-        // restart: Kubernetes 1.35 left such a container dead after a kubelet restart until the
-        // fix of kubernetes#137146. The crashed body's attempt fails and is retried, and every
-        // workflow completes with its one publication.
+        // The kubelet restarts it beside the sidecar after its own restart (Kubernetes 1.35
+        // left such a container dead after a kubelet restart when the sidecar had a startup
+        // probe, until the fix of kubernetes#137146). The crashed body's attempt fails and is
+        // retried, and every workflow completes with its one publication.
         let crash = Workload::start(
             &lake,
             &conductor,

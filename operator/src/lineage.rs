@@ -210,7 +210,7 @@ mod tests {
             ),
             ("annotations", "metadata.annotations")
         );
-        let sidecar = &pod.init_containers.as_ref().unwrap()[1];
+        let sidecar = &pod.init_containers.as_ref().unwrap()[0];
         assert!(
             sidecar
                 .volume_mounts

@@ -1,8 +1,7 @@
 //! What the operator creates for a PeragoTask: the ConfigMap holding the sidecar's task
-//! contract, the executor Deployment (init container installing `perago-runner`, the
-//! sidecar as a native sidecar, the body wrapped by the runner, the shared `perago-work`
-//! volume, and what the task's pod template adds), and the executor pods' NetworkPolicy when
-//! one is wanted. Pure functions of the PeragoTask and the operator's defaults.
+//! contract, the executor Deployment (the sidecar as a native sidecar that installs the
+//! runner, the body wrapped by the runner, the shared `perago-work` volume, and what the
+//! task's pod template adds), and the executor pods' NetworkPolicy when one is wanted. Pure functions of the PeragoTask and the operator's defaults.
 
 use std::collections::BTreeMap;
 
@@ -12,10 +11,11 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort,
     DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    EphemeralVolumeSource, HTTPGetAction, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecretVolumeSource, SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
+    EphemeralVolumeSource, ExecAction, HTTPGetAction, KeyToPath, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPort, NetworkPolicySpec,
@@ -259,15 +259,12 @@ pub fn deployment(
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
-                    init_containers: Some(vec![
-                        install_container(&sidecar_image),
-                        sidecar_container(
-                            sidecar_image,
-                            overrides.resources,
-                            sidecar_env,
-                            bundles.into_iter().map(|b| b.mount),
-                        ),
-                    ]),
+                    init_containers: Some(vec![sidecar_container(
+                        sidecar_image,
+                        overrides.resources,
+                        sidecar_env,
+                        bundles.into_iter().map(|b| b.mount),
+                    )]),
                     containers: vec![body_container(&exec.body, parts.volume_mounts)],
                     volumes: Some(volumes),
                     termination_grace_period_seconds: Some(termination),
@@ -398,32 +395,6 @@ fn sidecar_env(
     sidecar_env
 }
 
-/// The init container that copies `perago-runner` from the sidecar's image onto the work
-/// volume, where the body's command starts it.
-fn install_container(sidecar_image: &str) -> Container {
-    Container {
-        name: "install-runner".into(),
-        image: Some(sidecar_image.to_owned()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        args: Some(vec![
-            "install-runner".into(),
-            "--to".into(),
-            format!("{WORK_DIR}/bin/perago-runner"),
-        ]),
-        volume_mounts: Some(vec![work_mount()]),
-        security_context: Some(restricted()),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), quantity("10m")),
-                ("memory".to_owned(), quantity("16Mi")),
-            ])),
-            limits: Some(BTreeMap::from([("memory".to_owned(), quantity("64Mi"))])),
-            ..ResourceRequirements::default()
-        }),
-        ..Container::default()
-    }
-}
-
 /// The sidecar, a native sidecar (an init container that always restarts): started before the
 /// body, stopped after it.
 fn sidecar_container(
@@ -444,6 +415,24 @@ fn sidecar_container(
         name: "perago-sidecar".into(),
         image: Some(image),
         args: Some(vec!["run".into()]),
+        // The runner is put where the body runs it by this hook, which the kubelet finishes
+        // before it starts the body. No init container and no startup probe: the kubelet
+        // would notice the one's exit and pass the other only at a later relist or tick,
+        // a second or two of every pod's start (ADR 0046).
+        lifecycle: Some(Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "/usr/local/bin/perago-sidecar".into(),
+                        "install-runner".into(),
+                        "--to".into(),
+                        format!("{WORK_DIR}/bin/perago-runner"),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         restart_policy: Some("Always".into()),
         // A sidecar that exits on bad settings says why in its log: that tail becomes the
         // container's termination message, which the PeragoTask's status then quotes.
@@ -455,7 +444,6 @@ fn sidecar_container(
             protocol: Some("TCP".into()),
             ..ContainerPort::default()
         }]),
-        startup_probe: Some(http_probe("/healthz", 1, 30)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         // Three misses, not one: the ReplicaSet removes a pod that is not Ready before any
         // deletion cost, so one probe that times out on a loaded node would make a scale-in
@@ -922,7 +910,7 @@ mod tests {
                 .template
                 .spec
                 .unwrap();
-            pod.init_containers.unwrap()[1]
+            pod.init_containers.unwrap()[0]
                 .env
                 .clone()
                 .unwrap()
@@ -963,12 +951,28 @@ mod tests {
         assert_eq!(spec.replicas, Some(2));
         let pod = spec.template.spec.unwrap();
         let init = pod.init_containers.unwrap();
+        assert_eq!(init.len(), 1, "the sidecar alone comes before the body");
+        assert_eq!(init[0].args.as_ref().unwrap(), &["run"]);
+        let install = init[0].lifecycle.as_ref().unwrap().post_start.as_ref();
         assert_eq!(
-            init[0].args.as_ref().unwrap(),
-            &["install-runner", "--to", "/perago-work/bin/perago-runner"]
+            install
+                .unwrap()
+                .exec
+                .as_ref()
+                .unwrap()
+                .command
+                .as_ref()
+                .unwrap(),
+            &[
+                "/usr/local/bin/perago-sidecar",
+                "install-runner",
+                "--to",
+                "/perago-work/bin/perago-runner"
+            ]
         );
-        assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
-        let env: BTreeMap<_, _> = init[1]
+        assert!(init[0].startup_probe.is_none());
+        assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+        let env: BTreeMap<_, _> = init[0]
             .env
             .as_ref()
             .unwrap()
@@ -1048,7 +1052,7 @@ mod tests {
         let source = lakefs_ca.secret.as_ref().unwrap();
         assert_eq!(source.secret_name.as_deref(), Some("lake-tls"));
         assert_eq!(source.items.as_ref().unwrap()[0].key, "bundle.pem");
-        let mounts: Vec<&str> = init[1]
+        let mounts: Vec<&str> = init[0]
             .volume_mounts
             .as_ref()
             .unwrap()
@@ -1082,7 +1086,7 @@ mod tests {
                 .unwrap();
             assert_eq!(source.secret_name.as_deref(), Some(secret));
             assert_eq!(source.optional, Some(true));
-            let mount = init[1]
+            let mount = init[0]
                 .volume_mounts
                 .iter()
                 .flatten()
@@ -1109,7 +1113,7 @@ mod tests {
             "the body never sees credentials"
         );
         assert_eq!(pod.termination_grace_period_seconds, Some(75));
-        let sc = init[1].security_context.as_ref().unwrap();
+        let sc = init[0].security_context.as_ref().unwrap();
         assert_eq!(
             (sc.run_as_non_root, sc.read_only_root_filesystem),
             (Some(true), Some(true))
@@ -1201,7 +1205,7 @@ mod tests {
                 ("models", "/models")
             ]
         );
-        let sidecar_mounts = pod.init_containers.unwrap()[1]
+        let sidecar_mounts = pod.init_containers.unwrap()[0]
             .volume_mounts
             .clone()
             .unwrap();
@@ -1273,7 +1277,7 @@ mod tests {
             .unwrap();
         let init = pod.init_containers.unwrap();
         let value = |name: &str| {
-            init[1]
+            init[0]
                 .env
                 .as_ref()
                 .unwrap()
@@ -1304,7 +1308,7 @@ mod tests {
             .unwrap();
         let init = pod.init_containers.unwrap();
         assert!(
-            init[1]
+            init[0]
                 .env
                 .as_ref()
                 .unwrap()

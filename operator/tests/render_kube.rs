@@ -67,7 +67,7 @@ async fn rendered_objects_of_every_example_pass_apiserver_validation() {
                         .await
                         .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
                     let pod = created.spec.unwrap().template.spec.unwrap();
-                    let sidecar = &pod.init_containers.unwrap()[1];
+                    let sidecar = &pod.init_containers.unwrap()[0];
                     assert_eq!(
                         sidecar.restart_policy.as_deref(),
                         Some("Always"),

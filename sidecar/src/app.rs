@@ -85,6 +85,8 @@ fn pod_facts(settings: &Settings) -> PodFacts {
 }
 
 /// Copy the `perago-runner` next to this binary to `to` (executable by every user of the pod).
+/// The copy is renamed into place: a restarted sidecar installs again while the body may be
+/// running the runner already there, which cannot be written to (ETXTBSY).
 pub fn install_runner(to: &Path) -> Result<(), StartError> {
     use std::os::unix::fs::PermissionsExt;
     let from = std::env::current_exe()
@@ -94,15 +96,20 @@ pub fn install_runner(to: &Path) -> Result<(), StartError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StartError(format!("creating {} failed: {e}", dir.display())))?;
     }
-    std::fs::copy(&from, to).map_err(|e| {
+    let copy = to.with_extension(format!("installing-{}", std::process::id()));
+    std::fs::copy(&from, &copy).map_err(|e| {
         StartError(format!(
             "copying {} to {} failed: {e}",
             from.display(),
-            to.display()
+            copy.display()
         ))
     })?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| StartError(format!("making {} executable failed: {e}", to.display())))?;
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
+        .and_then(|()| std::fs::rename(&copy, to))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&copy);
+            StartError(format!("installing {} failed: {e}", to.display()))
+        })?;
     Ok(())
 }
 

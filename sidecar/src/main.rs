@@ -25,8 +25,9 @@ struct Cli {
 enum Mode {
     /// Run as the pod's sidecar (the default).
     Run,
-    /// Copy `perago-runner` (installed next to this binary) into the shared volume; the pod's
-    /// init container runs this so the body image needs nothing of ours.
+    /// Copy `perago-runner` (installed next to this binary) into the shared volume; the
+    /// sidecar container's postStart hook runs this, which the kubelet finishes before it
+    /// starts the body, so the body image needs nothing of ours.
     InstallRunner {
         /// Destination, e.g. `/perago-work/bin/perago-runner`.
         #[arg(long)]

@@ -1,4 +1,4 @@
-//! Start-up errors and the init container's `install-runner`, without servers.
+//! Start-up errors and the sidecar's `install-runner`, without servers.
 
 #![allow(clippy::unwrap_used)]
 
@@ -37,6 +37,29 @@ fn install_runner_copies_an_executable_runner() {
     let out = Command::new(&to).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage: perago-runner"));
+}
+
+/// The install again over a runner that is running (the hook of a restarted sidecar beside a
+/// running body), whose file cannot be written to.
+#[test]
+fn install_runner_replaces_a_running_runner() {
+    perago_e2e::pod::PodBinaries::beside(env!("CARGO_BIN_EXE_perago-sidecar"));
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("bin/perago-runner");
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy("/bin/sleep", &to).unwrap();
+    let mut running = Command::new(&to).arg("30").spawn().unwrap();
+    let (code, err) = stderr_of(sidecar().args(["install-runner", "--to"]).arg(&to));
+    running.kill().unwrap();
+    running.wait().unwrap();
+    assert_eq!(code, Some(0), "{err}");
+    let out = Command::new(&to).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("usage: perago-runner"),
+        "the runner replaced the running file"
+    );
+    let left: Vec<_> = std::fs::read_dir(to.parent().unwrap()).unwrap().collect();
+    assert_eq!(left.len(), 1, "no copy is left beside it");
 }
 
 #[test]
