@@ -60,7 +60,7 @@ pub enum Command {
         /// How often the queues of all task types are read (one Conductor call per Conductor),
         /// so that an autoscaled task scales up within this many seconds of work arriving; 0
         /// turns it off (each task's queue is then read at its resync).
-        #[arg(long, env = "PERAGO_QUEUE_POLL_SECONDS", default_value_t = 2)]
+        #[arg(long, env = "PERAGO_QUEUE_POLL_SECONDS", default_value_t = 1)]
         queue_poll_seconds: u64,
         #[command(flatten)]
         process: ProcessArgs,
