@@ -1,7 +1,8 @@
 //! Scaling figures on the real node, with the operator installed from the chart:
 //! - scale from zero, over `PERAGO_BENCH_RUNS` (20) runs: the operator's decision (workflow
 //!   started → replicas raised), the pod's share (decision → first poll), the attempt (first
-//!   poll → COMPLETED) and the whole path, p50 and p95;
+//!   poll → COMPLETED) and the whole path, p50 and p95; and the pod's share step by step, as
+//!   a watch of the task's pods sees each step (the API's own timestamps are whole seconds);
 //! - the drain of a pod deleted while its 4 slots are busy.
 //!
 //! The operator with hundreds of tasks is the `operator` benchmark.
@@ -66,7 +67,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn summary(name: &str, mut values: Vec<f64>) {
     values.sort_by(f64::total_cmp);
     println!(
-        "  {name:<28} p50 {:>6.2} s   p95 {:>6.2} s   max {:>6.2} s",
+        "  {name:<44} p50 {:>6.2} s   p95 {:>6.2} s   max {:>6.2} s",
         percentile(&values, 50.0),
         percentile(&values, 95.0),
         values.last().copied().unwrap_or(f64::NAN)
@@ -85,6 +86,96 @@ async fn pods(client: &kube::Client, namespace: &str, name: &str) -> Vec<Pod> {
         .items
 }
 
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The steps of a pod's start, in order: the first two as a watch of the task's pods sees
+/// them, the other two from the sidecar's log (its clock is this machine's). The kubelet
+/// reports container states only at its next relist of the runtime, up to a second late, so
+/// the pod's own log times its containers.
+const STEPS: [&str; 4] = [
+    "pod created",
+    "scheduled",
+    "sidecar serving",
+    "runner connected",
+];
+
+/// When the first pod of the task since [`Steps::reset`] was first seen, and scheduled; and
+/// its name.
+#[derive(Clone, Default)]
+struct Steps(std::sync::Arc<std::sync::Mutex<Seen>>);
+
+/// The pod's name and when it was first seen, and scheduled.
+type Seen = (Option<String>, [Option<f64>; 2]);
+
+impl Steps {
+    fn watch(&self, client: &kube::Client, namespace: &str, name: &str) {
+        use futures_util::StreamExt;
+        use kube::runtime::watcher::{Config, Event, watcher};
+        let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let config = Config::default().labels(&format!("perago.io/task={name}"));
+        let seen = self.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config));
+            while let Some(event) = events.next().await {
+                let (Event::Apply(pod) | Event::InitApply(pod)) = event.unwrap() else {
+                    continue;
+                };
+                let at = now();
+                let mut state = seen.0.lock().unwrap();
+                if state.0.is_none() {
+                    state.0 = pod.metadata.name.clone();
+                }
+                if state.0 != pod.metadata.name {
+                    continue;
+                }
+                let scheduled = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+                for (step, reached) in [true, scheduled].into_iter().enumerate() {
+                    if reached && state.1[step].is_none() {
+                        state.1[step] = Some(at);
+                    }
+                }
+            }
+        });
+    }
+
+    fn reset(&self) {
+        *self.0.lock().unwrap() = (None, [None; 2]);
+    }
+
+    /// Every step's time, the log's from `cluster`; the pod must have been seen.
+    fn taken(&self, cluster: &Cluster, namespace: &str) -> [f64; 4] {
+        let (pod, seen) = self.0.lock().unwrap().clone();
+        let pod = pod.expect("no pod of the task was seen");
+        let log = cluster
+            .kubectl(&["logs", "-n", namespace, &pod, "-c", "perago-sidecar"])
+            .unwrap();
+        let logged = |message: &str| {
+            log.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|v| v["message"] == message || v["fields"]["message"] == message)
+                .and_then(|v| {
+                    v["timestamp"]
+                        .as_str()?
+                        .parse::<k8s_openapi::jiff::Timestamp>()
+                        .ok()
+                })
+                .map(|t| t.as_microsecond() as f64 / 1e6)
+                .unwrap_or_else(|| panic!("{pod}: no '{message}' in its sidecar's log:\n{log}"))
+        };
+        [
+            seen[0].expect("the pod was seen"),
+            seen[1].unwrap_or_else(|| panic!("{pod} was not seen scheduled")),
+            logged("sidecar started"),
+            logged("runner connected"),
+        ]
+    }
+}
+
 async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
     let (namespace, name) = (NAMESPACES[0], "cold");
     cluster.task_namespace(namespace).unwrap();
@@ -100,6 +191,11 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
     let conductor = ConductorApi::new(&services.conductor().api_url);
     let (mut decision, mut pod, mut attempt, mut to_poll, mut total) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let steps = Steps::default();
+    steps.watch(&client, namespace, name);
+    // Per step: seconds from the step before (the decision before the first), and from the
+    // last step to the first poll.
+    let mut step_seconds: Vec<Vec<f64>> = vec![vec![]; STEPS.len() + 1];
     for run in 0..runs {
         // At zero: no pod left from the run before.
         let idle = Instant::now();
@@ -114,6 +210,7 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
             .subsec_nanos()
             / 400_000;
         tokio::time::sleep(Duration::from_millis(u64::from(jitter))).await;
+        steps.reset();
         let id = conductor
             .start(
                 &format!("{namespace}.{name}"),
@@ -123,10 +220,7 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
             .await;
         // The decision is the scale-up from zero that follows the start; a later scale-in
         // replaces it in the status, so it is caught while the run goes on.
-        let begun = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
+        let begun = now();
         let mut decided = None;
         let workflow = loop {
             if decided.is_none() {
@@ -142,12 +236,7 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
                 break workflow;
             }
             assert!(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_secs_f64()
-                    - begun
-                    < 120.0,
+                now() - begun < 120.0,
                 "run {run}: no scale-up from zero recorded, or no end: {workflow}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -158,15 +247,29 @@ async fn scale_from_zero(services: &Services, cluster: &Cluster, runs: usize) {
         let polled = millis(&step["startTime"]);
         let ended = millis(&step["endTime"]);
         let decided = decided.unwrap();
+        let mut before = decided;
+        for (i, at) in steps.taken(cluster, namespace).into_iter().enumerate() {
+            step_seconds[i].push(at - before);
+            before = at;
+        }
+        step_seconds[STEPS.len()].push(polled - before);
         decision.push(decided - scheduled);
         pod.push(polled - decided);
         attempt.push(ended - polled);
         to_poll.push(polled - scheduled);
         total.push(ended - scheduled);
     }
-    println!("scale from zero ({runs} runs, queuePollSeconds 2, one pod, workspace-free body):");
+    println!(
+        "scale from zero ({runs} runs, the chart's queuePollSeconds, one pod, workspace-free body):"
+    );
     summary("decision (scheduled→scaled)", decision);
     summary("pod (scaled→first poll)", pod);
+    let mut from = "scaled";
+    for (i, seconds) in step_seconds.into_iter().enumerate() {
+        let to = STEPS.get(i).copied().unwrap_or("first poll");
+        summary(&format!("  {from} → {to}"), seconds);
+        from = to;
+    }
     summary("attempt (poll→COMPLETED)", attempt);
     summary("whole path (→first poll)", to_poll);
     summary("to COMPLETED", total);
