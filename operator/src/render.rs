@@ -1,7 +1,8 @@
 //! What the operator creates for a PeragoTask: the ConfigMap holding the sidecar's task
 //! contract, the executor Deployment (the sidecar as a native sidecar that installs the
 //! runner, the body wrapped by the runner, the shared `perago-work` volume, and what the
-//! task's pod template adds), and the executor pods' NetworkPolicy when one is wanted. Pure functions of the PeragoTask and the operator's defaults.
+//! task's pod template adds), and the executor pods' NetworkPolicy when one is wanted. Pure
+//! functions of the PeragoTask and the operator's defaults.
 
 use std::collections::BTreeMap;
 
