@@ -17,7 +17,7 @@ pub struct PodProblem {
 
 /// Waiting reasons that mean the container will not start without a change (or a retry of
 /// something outside the pod), rather than "still starting".
-const STUCK: [&str; 8] = [
+const STUCK: [&str; 9] = [
     "ErrImagePull",
     "ImagePullBackOff",
     "ErrImageNeverPull",
@@ -26,6 +26,9 @@ const STUCK: [&str; 8] = [
     "CreateContainerConfigError",
     "CreateContainerError",
     "RunContainerError",
+    // The sidecar's hook that installs the runner failed (a full work volume): the kubelet's
+    // message carries the hook's output.
+    "PostStartHookError",
 ];
 
 /// The first problem among `pods` (sorted by name, so the report is stable), if any.
@@ -171,6 +174,29 @@ mod tests {
             p.message,
             "pod t-perago-abc: container perago-sidecar: CrashLoopBackOff: back-off 40s; last exit \
              code 1: starting | error: LakeFS config is incomplete"
+        );
+    }
+
+    #[test]
+    fn a_failed_runner_install_says_what_the_hook_printed() {
+        // The status the kubelet (1.35) gives a native sidecar whose postStart hook failed.
+        let hook = "Exec lifecycle hook ([/usr/local/bin/perago-sidecar install-runner --to \
+                    /perago-work/bin/perago-runner]) for Container \"perago-sidecar\" in Pod \
+                    \"t-perago-abc_data(u-1)\" failed - error: command '...' exited with 1: \
+                    error: copying ...: No space left on device (os error 28)\n, message: \"...\"";
+        let p = problem(&[pod(serde_json::json!({"initContainerStatuses": [{
+            "name": "perago-sidecar", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "PostStartHookError", "message": hook}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+        }]}))])
+        .unwrap();
+        assert_eq!(p.reason, "PostStartHookError");
+        assert!(
+            p.message.starts_with(
+                "pod t-perago-abc: container perago-sidecar: PostStartHookError: Exec lifecycle hook"
+            ) && p.message.contains("No space left on device"),
+            "{}",
+            p.message
         );
     }
 
