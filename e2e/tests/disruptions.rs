@@ -139,13 +139,37 @@ struct Scenario {
     conductor: ConductorApi,
     client: kube::Client,
     /// Held to the scenario's end.
-    _one: MutexGuard<'static, ()>,
+    _one: Held,
+}
+
+/// The node, taken for one scenario; its drop writes how long the scenario held it.
+struct Held {
+    _guard: MutexGuard<'static, ()>,
+    test: &'static str,
+    since: Instant,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Written past libtest's capture, so that CI's log shows where the suite's time goes.
+        use std::io::Write;
+        let line = format!(
+            "[disruptions] {} held the node {:.1?}\n",
+            self.test,
+            self.since.elapsed()
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
 }
 
 /// The [`Scenario`] of `test`; `None` when the developer opted out of the node's tests.
-async fn scenario(test: &str, name: &str, spec: serde_json::Value) -> Option<Scenario> {
+async fn scenario(test: &'static str, name: &str, spec: serde_json::Value) -> Option<Scenario> {
     let (services, cluster) = cluster(test).await?;
-    let one = ONE_AT_A_TIME.lock().await;
+    let one = Held {
+        _guard: ONE_AT_A_TIME.lock().await,
+        test,
+        since: Instant::now(),
+    };
     let (lake, repository, input_ref) = task_with(services, cluster, name, &spec).await;
     Some(Scenario {
         services,
