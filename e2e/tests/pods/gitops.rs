@@ -56,6 +56,22 @@ pub(super) struct Scenario {
 }
 
 impl Scenario {
+    /// The test's task namespace and its Git repository `name`, and what removes them and
+    /// Flux's objects of `name` when the test ends.
+    pub(super) fn repository(
+        &self,
+        name: &'static str,
+        namespace: &'static str,
+    ) -> (Cleanup, Repository) {
+        self.cluster.task_namespace(namespace).unwrap();
+        let cleanup = Cleanup {
+            cluster: self.cluster,
+            name,
+            namespace,
+        };
+        (cleanup, self.flux.git.repository(name).unwrap())
+    }
+
     /// From now on, no other test of the binary runs until this one ends: the operator may
     /// stop. Nor does any other scenario, so the Git server is this one's too.
     pub(super) async fn alone(&self) {
@@ -75,9 +91,9 @@ impl Scenario {
 /// without waiting: every executor pod requests a share of the node's CPU, and the other tests
 /// of the binary need theirs.
 pub(super) struct Cleanup {
-    pub(super) cluster: &'static Cluster,
-    pub(super) name: &'static str,
-    pub(super) namespace: &'static str,
+    cluster: &'static Cluster,
+    name: &'static str,
+    namespace: &'static str,
 }
 
 impl Drop for Cleanup {
@@ -495,13 +511,7 @@ async fn a_kustomization_waits_for_every_task_and_prunes_one_removed_from_git() 
     };
     let setup = &scenario;
     let (name, namespace) = ("examples", "gitops-examples");
-    setup.cluster.task_namespace(namespace).unwrap();
-    let _cleanup = Cleanup {
-        cluster: setup.cluster,
-        name,
-        namespace,
-    };
-    let repository = setup.flux.git.repository(name).unwrap();
+    let (_cleanup, repository) = setup.repository(name, namespace);
     let examples = [
         ("workspace-task.yaml", "features-build"),
         ("read-only-task.yaml", "features-validate"),
@@ -768,13 +778,7 @@ async fn bad_commits_and_a_lost_git_server_leave_the_running_task_alone() {
     };
     let setup = &scenario;
     let (name, namespace) = ("failures", "gitops-failures");
-    setup.cluster.task_namespace(namespace).unwrap();
-    let _cleanup = Cleanup {
-        cluster: setup.cluster,
-        name,
-        namespace,
-    };
-    let repository = setup.flux.git.repository(name).unwrap();
+    let (_cleanup, repository) = setup.repository(name, namespace);
     let running = "notify-owner";
     let step = format!("{namespace}.{running}");
     let mut notify: Value = serde_yaml::from_str(&example_task(

@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use super::gitops::{
-    Cleanup, OperatorHeld, applied, condition, describe, example_task, flux_objects,
-    kustomizations, request_reconcile, scale_operator, setup, shipped_health_checks, tasks, watch,
+    OperatorHeld, applied, condition, describe, example_task, flux_objects, kustomizations,
+    request_reconcile, scale_operator, setup, shipped_health_checks, tasks, watch,
 };
 
 /// With the operator down, a new task has no status: without health expressions Flux reports
@@ -24,13 +24,7 @@ async fn flux_waits_only_with_the_shipped_health_checks() {
     };
     let setup = &scenario;
     let (name, namespace) = ("race", "gitops-race");
-    setup.cluster.task_namespace(namespace).unwrap();
-    let _cleanup = Cleanup {
-        cluster: setup.cluster,
-        name,
-        namespace,
-    };
-    let repository = setup.flux.git.repository(name).unwrap();
+    let (_cleanup, repository) = setup.repository(name, namespace);
     let write_task = |task: &str| {
         repository
             .write(
