@@ -294,8 +294,8 @@ pub fn read_from_uploads(workspace: &mut Snapshot, uploaded: &Uploaded) {
         let Some(entry) = uploaded.get(&item.path) else {
             continue;
         };
-        if let Some(md5) = snapshot::digest_of_checksum(&entry.checksum) {
-            item.digest = md5.to_owned();
+        if snapshot::is_md5(&entry.checksum) {
+            item.digest.clone_from(&entry.checksum);
             item.size = entry.size_bytes.unwrap_or(item.size);
         }
     }

@@ -169,12 +169,6 @@ pub fn read_unread(root: &Path, snapshot: &mut Snapshot) -> std::io::Result<()> 
     Ok(())
 }
 
-/// A checksum lakeFS gives for an object it stored from the bytes sent, as the digest of
-/// those bytes: only a plain MD5 is one ([`is_md5`]).
-pub fn digest_of_checksum(checksum: &str) -> Option<&str> {
-    is_md5(checksum).then_some(checksum)
-}
-
 /// Every regular file and symlink below `root` (the attempt marker aside), hashed; for a
 /// workspace not made by a download. Blocking.
 pub fn take(root: &Path) -> std::io::Result<Snapshot> {
@@ -235,7 +229,7 @@ fn clock_at(probe: &Path) -> std::io::Result<(i64, i64)> {
 
 /// A checksum lakeFS computed as the MD5 of the object's bytes (32 lowercase hex digits);
 /// others (a multipart upload's ETag, say) say nothing about the bytes.
-fn is_md5(checksum: &str) -> bool {
+pub fn is_md5(checksum: &str) -> bool {
     checksum.len() == 32
         && checksum
             .bytes()
