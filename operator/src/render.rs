@@ -154,12 +154,19 @@ fn restricted() -> SecurityContext {
     }
 }
 
+/// How long a probe of the sidecar waits for its answer. The kubelet's default, one second, is
+/// short for a loaded node: a restart of the sidecar ends the attempts it runs, and a pod not
+/// Ready is the first a scale-in removes.
+const PROBE_TIMEOUT_SECONDS: i32 = 5;
+
 fn quantity(text: &str) -> Quantity {
     Quantity(text.into())
 }
 
+/// A probe of the sidecar's HTTP port, answered within [`PROBE_TIMEOUT_SECONDS`].
 fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
+        timeout_seconds: Some(PROBE_TIMEOUT_SECONDS),
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::String("metrics".into()),

@@ -87,6 +87,12 @@ pub async fn scale(
             }
             ScaleStep::Mark(marks) => {
                 let ns = task.namespace().unwrap_or_else(|| "default".into());
+                info!(
+                    task = %task.name_any(),
+                    marks = %describe_marks(&marks),
+                    figures = %describe_figures(&seen.busy, now.instant),
+                    "marking the pods a scale-in removes"
+                );
                 for (mark, written) in write_marks(ctx, &ns, marks).await {
                     if !written {
                         seen.marks_failed = true;
@@ -128,6 +134,23 @@ pub async fn scale(
     Ok(done(replicas, true))
 }
 
+/// `pod=-1 other=removed`: the deletion costs a scale-in writes, for its log line.
+fn describe_marks(marks: &[Mark]) -> String {
+    let cost = |m: &Mark| m.cost.unwrap_or("removed");
+    let marks = marks.iter().map(|m| format!("{}={}", m.pod, cost(m)));
+    marks.collect::<Vec<_>>().join(" ")
+}
+
+/// `pod=busy/age` for each running pod: the figures a scale-in chose by, for its log line.
+fn describe_figures(pods: &[decide::BusyPod], now: Instant) -> String {
+    let figure = |p: &decide::BusyPod| {
+        let age = now.saturating_duration_since(p.asked).as_millis();
+        let answered = if p.answered { "" } else { " unanswered" };
+        format!("{}={}/{age}ms{answered}", p.name, p.busy)
+    };
+    pods.iter().map(figure).collect::<Vec<_>>().join(" ")
+}
+
 /// Write `to` through the task's `/scale`, remember it until the watch shows it, and say so in
 /// a `Scaled` event and the decision `status.lastScale` carries.
 async fn write_scale(
@@ -150,7 +173,9 @@ async fn write_scale(
         .wrote_scale(&key, task.metadata.generation, to, now.instant);
     let decision = decide::decision(seen, from, to, now);
     let (queued, running) = (seen.queued, seen.running());
-    info!(queued, running, from, to, reason = %decision.reason, "scaled the executor");
+    let figures = describe_figures(&seen.busy, now.instant);
+    let name = task.name_any();
+    info!(task = %name, queued, running, from, to, reason = %decision.reason, %figures, "scaled the executor");
     let note = format!("{from} → {to} executor pods: {}", decision.reason);
     // The event is not waited for: in a wave every write of the reconcile waits its turn at the
     // API server, and the Deployment and status that follow matter more.

@@ -288,15 +288,24 @@ printf '{"files": 0}' > "$PERAGO_RESULT""#;
     // What removed a pod that runs a long attempt, should one be going.
     let explain = || {
         let show = |args: &[&str]| cluster.kubectl(args).unwrap_or_else(|e| format!("{e:#}"));
+        let scale_log = cluster.operator_logs().map_or_else(
+            |e| format!("{e:#}"),
+            |log| {
+                let lines = log
+                    .lines()
+                    .filter(|l| l.contains(name) && (l.contains("scale") || l.contains("marking")));
+                lines.collect::<Vec<_>>().join("\n")
+            },
+        );
         format!(
-            "pods:\n{}\nevents:\n{}\ntask status:\n{}",
+            "pods:\n{}\nevents:\n{}\ntask status:\n{}\nthe operator's scale-ins:\n{scale_log}",
             show(&[
                 "get",
                 "pods",
                 "-n",
                 namespace,
                 "-o",
-                "custom-columns=NAME:.metadata.name,PHASE:.status.phase,READY:.status.conditions[?(@.type==\"Ready\")].status,DELETING:.metadata.deletionTimestamp,COST:.metadata.annotations.controller\\.kubernetes\\.io/pod-deletion-cost"
+                "custom-columns=NAME:.metadata.name,PHASE:.status.phase,READY:.status.conditions[?(@.type==\"Ready\")].status,RESTARTS:.status.containerStatuses[*].restartCount,DELETING:.metadata.deletionTimestamp,COST:.metadata.annotations.controller\\.kubernetes\\.io/pod-deletion-cost"
             ]),
             show(&["get", "events", "-n", namespace, "--sort-by=.lastTimestamp"]),
             show(&[

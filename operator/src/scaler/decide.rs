@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
@@ -409,26 +410,31 @@ pub fn unconfirmed_removals(
         .collect()
 }
 
-/// Whether `pod` may have taken work that no figure shows yet: scheduled less than
-/// [`STARTING_LIMIT`] before `now`, neither going nor stuck, and not running in the watched
-/// pods. Its sidecar polls as soon as it starts, and the kubelet reports the pod Running a
-/// moment later; a scale-in decided in between would count none of its work, and could remove
-/// it. A pod that cannot start (unschedulable, its image not pulled, a crash loop) takes no
-/// work and is not waited for.
+/// Whether `pod` may have taken work that no figure shows yet: not running in the watched
+/// pods, neither going nor stuck, and scheduled less than [`STARTING_LIMIT`] before `now`, or
+/// not looked at by the scheduler yet and created that recently. Its sidecar polls as soon as
+/// it starts, and the kubelet reports the pod Running a moment later; a scale-in decided in
+/// between would count none of its work, and could remove it. Under load the watch shows a pod
+/// seconds behind: still unscheduled when its sidecar has already taken work. A pod that
+/// cannot start (unschedulable, its image not pulled, a crash loop) takes no work and is not
+/// waited for.
 pub fn starting(pod: &Pod, now: Timestamp) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
-    let recently_scheduled = status.conditions.iter().flatten().any(|c| {
-        c.type_ == "PodScheduled"
-            && c.status == "True"
-            && c.last_transition_time
-                .as_ref()
-                .is_some_and(|t| now.duration_since(t.0) < STARTING_LIMIT)
-    });
+    let recent = |t: Option<&Time>| t.is_some_and(|t| now.duration_since(t.0) < STARTING_LIMIT);
+    let scheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled");
+    let lately = match scheduled {
+        Some(c) => c.status == "True" && recent(c.last_transition_time.as_ref()),
+        None => recent(pod.metadata.creation_timestamp.as_ref()),
+    };
     pod.metadata.deletion_timestamp.is_none()
         && status.phase.as_deref() == Some("Pending")
-        && recently_scheduled
+        && lately
         && crate::pods::pod_problem(pod).is_none()
 }
 
@@ -479,7 +485,7 @@ pub fn drained(task: &PeragoTask, queued: i64, drain: &mut Drain, now: Instant) 
 mod tests {
     use super::*;
 
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     use crate::scaler::{ScaleWritten, Unwatched};
     use serde_json::json;
@@ -912,6 +918,21 @@ mod tests {
         assert!(
             !starting(&pod("Pending", ("False", &just), None, false), now),
             "not scheduled"
+        );
+        // Not looked at by the scheduler yet, as a loaded watch may still show a pod whose
+        // sidecar already polls: starting for a minute from its creation.
+        let created = |ago: i64| {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "t-perago-new", "creationTimestamp": scheduled(ago)},
+                "status": {"phase": "Pending"},
+            }))
+            .unwrap();
+            pod
+        };
+        assert!(starting(&created(1), now), "unscheduled, just created");
+        assert!(
+            !starting(&created(61), now),
+            "unscheduled for over a minute"
         );
         assert!(
             !starting(
