@@ -280,14 +280,19 @@ impl Attempt<'_> {
         })
     }
 
+    /// A workspace attempt's own directory, which holds its workspace; a workspace-free
+    /// attempt's files in its slot's directory (ADR 0049).
     fn execution_directory(&self) -> Result<ExecutionDir, AttemptError> {
-        ExecutionDir::create(
+        let (work, id, worker) = (
             &self.broker.work_dir,
-            self.snapshot,
             self.execution_id,
-            &self.slot_worker_id(),
-        )
-        .map_err(|e| LocalError::ExecutionDirectory(e).into())
+            self.slot_worker_id(),
+        );
+        let dir = match self.broker.runtime {
+            TaskRuntime::Workspace(_) => ExecutionDir::create(work, self.snapshot, id, &worker),
+            TaskRuntime::WorkspaceFree => ExecutionDir::in_slot(work, self.lease.slot, id, &worker),
+        };
+        dir.map_err(|e| LocalError::ExecutionDirectory(e).into())
     }
 
     fn slot_worker_id(&self) -> String {

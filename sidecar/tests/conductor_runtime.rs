@@ -172,12 +172,22 @@ async fn success_reports_exactly_the_result_and_exports_metrics() {
             && l.contains("\"retry_count\":0")),
         "attempt lines carry the attempt identity:\n{log}"
     );
-    assert!(
-        std::fs::read_dir(pod.path("work/executions"))
-            .unwrap()
-            .next()
-            .is_none(),
-        "the execution directory is removed"
+    // A workspace-free attempt's files are in its slot's directory, emptied but for the
+    // slot's marker once the attempt is over (ADR 0049).
+    let slots: Vec<_> = std::fs::read_dir(pod.path("work/executions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(slots.len(), 1, "{slots:?}");
+    assert!(slots[0].ends_with("slot-0001"), "{slots:?}");
+    let left: Vec<_> = std::fs::read_dir(&slots[0])
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        [".perago-attempt.json"],
+        "the attempt's files are removed"
     );
 }
 
