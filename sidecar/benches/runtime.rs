@@ -642,6 +642,66 @@ enum Work {
     Memory,
 }
 
+/// A change measured against the sidecar before it (`PERAGO_BENCH_BASELINE_SIDECAR`, the path
+/// of its binary), on a noisy machine: the compiled persistent body at 1 and 4 slots, each run
+/// of this build beside one of the baseline, in alternating order, and the ratios of each
+/// pair. A ratio is the worst of the runs, with its spread.
+async fn paired(
+    api: &Arc<ConductorApi>,
+    bins: &PodBinaries,
+    baseline: &PodBinaries,
+    n: usize,
+    runs: usize,
+) {
+    for slots in [1, 4] {
+        let (mut cpu, mut rate) = (vec![], vec![]);
+        for run in 1..=runs {
+            let mut pair = [(bins, None), (baseline, None)];
+            if run % 2 == 0 {
+                pair.reverse();
+            }
+            for (binaries, figures) in &mut pair {
+                let body = Body::CompiledPersistent;
+                *figures = Some(body_run(api, binaries, n, slots, body, Work::Disk).await);
+            }
+            if run % 2 == 0 {
+                pair.reverse();
+            }
+            let [(_, Some(this)), (_, Some(before))] = pair else {
+                unreachable!("both sides ran")
+            };
+            let side = |r: &PodRun| {
+                format!(
+                    "{:.1} tasks/s, p50 {:.1} ms, CPU {:.2} ms/task (sidecar {:.2})",
+                    r.figures.server_rate(),
+                    r.figures.percentile(0.5),
+                    r.figures.cpu_ms_per_task(),
+                    r.cpu_ms_per_task.sidecar
+                )
+            };
+            println!(
+                "run {run}, {slots} slot(s): this build {} | baseline {}",
+                side(&this),
+                side(&before)
+            );
+            cpu.push(this.figures.cpu_ms_per_task() / before.figures.cpu_ms_per_task());
+            rate.push(this.figures.server_rate() / before.figures.server_rate());
+        }
+        let spread = |v: &[f64]| {
+            let (lo, hi) = (
+                v.iter().copied().fold(f64::INFINITY, f64::min),
+                v.iter().copied().fold(0.0, f64::max),
+            );
+            format!("×{lo:.2}–{hi:.2}")
+        };
+        println!(
+            "{slots} slot(s), this build against the baseline over {runs} pairs: CPU per task {}, throughput {}",
+            spread(&cpu),
+            spread(&rate)
+        );
+    }
+}
+
 /// The argument that makes this benchmark's executable the compiled persistent body.
 const COMPILED_BODY: &str = "--compiled-persistent-body";
 
@@ -744,6 +804,14 @@ async fn bench() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    if let Some(baseline) = std::env::var_os("PERAGO_BENCH_BASELINE_SIDECAR") {
+        let baseline = PodBinaries {
+            sidecar: baseline.into(),
+            ..bins.clone()
+        };
+        paired(&api, &bins, &baseline, n, runs).await;
+        return;
+    }
     // The same task served by one long-lived Python process that speaks the runner protocol
     // itself (docs/examples/long_lived_body.py), in place of a fresh `sh` per attempt.
     let long_lived = PodBinaries {
