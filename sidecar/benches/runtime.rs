@@ -590,7 +590,11 @@ async fn body_run(
     };
     nix::sys::signal::kill(sidecar, nix::sys::signal::Signal::SIGCONT).unwrap();
     let started = Instant::now();
-    let last_end = watch_until_ended(api, &ids, || {}).await;
+    let mut sidecar_peak = 0f64;
+    let last_end = watch_until_ended(api, &ids, || {
+        sidecar_peak = sidecar_peak.max(rss_mb(pod.pid() as u32));
+    })
+    .await;
     let seconds = (last_end - started).as_secs_f64();
     // Each process's share: the sidecar (the tree's root), the runner, the bodies (the rest,
     // with the per-attempt processes the runner reaped counted as the runner's).
@@ -614,8 +618,8 @@ async fn body_run(
     let per_task = 1000.0 / figures.completed.max(1) as f64;
     PodRun {
         figures,
+        sidecar_peak_mb: sidecar_peak,
         // Not reported for these runs.
-        sidecar_peak_mb: 0.0,
         runner_peak_mb: 0.0,
         cpu_ms_per_task: CpuSplit {
             sidecar: split.sidecar * per_task,
@@ -643,7 +647,7 @@ enum Work {
 }
 
 /// A change measured against the sidecar before it (`PERAGO_BENCH_BASELINE_SIDECAR`, the path
-/// of its binary), on a noisy machine: the compiled persistent body at 1 and 4 slots, each run
+/// of its binary; `PERAGO_BENCH_SIDECAR` in place of this build's), on a noisy machine: the compiled persistent body at 1 and 4 slots, each run
 /// of this build beside one of the baseline, in alternating order, and the ratios of each
 /// pair. A ratio is the worst of the runs, with its spread.
 async fn paired(
@@ -672,11 +676,12 @@ async fn paired(
             };
             let side = |r: &PodRun| {
                 format!(
-                    "{:.1} tasks/s, p50 {:.1} ms, CPU {:.2} ms/task (sidecar {:.2})",
+                    "{:.1} tasks/s, p50 {:.1} ms, CPU {:.2} ms/task (sidecar {:.2}), sidecar peak {:.1} MB",
                     r.figures.server_rate(),
                     r.figures.percentile(0.5),
                     r.figures.cpu_ms_per_task(),
-                    r.cpu_ms_per_task.sidecar
+                    r.cpu_ms_per_task.sidecar,
+                    r.sidecar_peak_mb
                 )
             };
             println!(
@@ -805,11 +810,13 @@ async fn bench() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     if let Some(baseline) = std::env::var_os("PERAGO_BENCH_BASELINE_SIDECAR") {
-        let baseline = PodBinaries {
-            sidecar: baseline.into(),
+        let binary = |sidecar: std::ffi::OsString| PodBinaries {
+            sidecar: sidecar.into(),
             ..bins.clone()
         };
-        paired(&api, &bins, &baseline, n, runs).await;
+        // Another binary in place of this build's: the release's static one, say.
+        let this = std::env::var_os("PERAGO_BENCH_SIDECAR").map_or_else(|| bins.clone(), binary);
+        paired(&api, &this, &binary(baseline), n, runs).await;
         return;
     }
     // The same task served by one long-lived Python process that speaks the runner protocol
