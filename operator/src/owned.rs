@@ -317,19 +317,19 @@ impl Writers {
     }
 }
 
-/// A pod as the reconcile reads it (its busy slots, its deletion cost, why it cannot start):
-/// name, labels, the deletion-cost annotation, whether it is going; of its status the phase,
-/// IP, `Ready` and `PodScheduled` conditions and its containers' states; for its lineage, the
-/// body's image id and the annotation that copies it. The rest (spec,
-/// owners, images, IPs, times, other annotations) is never read, and at thousands of pods it
-/// would be most of what the store holds (docs/scale.md).
+/// A pod as the reconcile reads it (its busy slots, its deletion cost, why it cannot start,
+/// whether it is starting): name, labels, creation time, the deletion-cost annotation, whether
+/// it is going; of its status the phase, IP, `Ready` and `PodScheduled` conditions (the time of
+/// the latter) and its containers' states; for its lineage, the body's image id and the
+/// annotation that copies it. The rest (spec, owners, images, IPs, other times, other
+/// annotations) is never read, and at thousands of pods it would be most of what the store
+/// holds (docs/scale.md).
 fn trim_pod(pod: &mut Pod) {
     pod.spec = None;
     let meta = &mut pod.metadata;
     meta.owner_references = None;
     meta.generate_name = None;
     meta.finalizers = None;
-    meta.creation_timestamp = None;
     if let Some(annotations) = &mut meta.annotations {
         annotations.retain(|key, _| {
             key == crate::scaler::DELETION_COST
@@ -352,7 +352,10 @@ fn trim_pod(pod: &mut Pod) {
         conditions.retain(|c| c.type_ == "Ready" || c.type_ == "PodScheduled");
         for c in conditions {
             c.last_probe_time = None;
-            c.last_transition_time = None;
+            // When it was scheduled: a scale-in waits for a pod that is starting.
+            if c.type_ != "PodScheduled" {
+                c.last_transition_time = None;
+            }
         }
     }
     let containers = (status.init_container_statuses.iter_mut().flatten())
@@ -539,6 +542,34 @@ mod tests {
         assert_eq!(types, ["Ready", "PodScheduled"]);
         assert!(trimmed.spec.is_none() && status.host_ip.is_none());
         assert!(trimmed.metadata.owner_references.is_none());
+    }
+
+    /// A scale-in waits for a starting pod (ADRs 0030, 0048): the trimmed pod keeps what
+    /// says so, its creation and the time it was scheduled.
+    #[test]
+    fn a_trimmed_pod_says_whether_it_is_starting() {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let ago = |s: i64| (now - k8s_openapi::jiff::SignedDuration::from_secs(s)).to_string();
+        let pending = |conditions: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "t-1", "namespace": "ns", "creationTimestamp": ago(3)},
+                "status": {"phase": "Pending", "conditions": conditions},
+            }))
+            .unwrap()
+        };
+        let scheduled = pending(serde_json::json!([
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": ago(2)},
+        ]));
+        let unscheduled = pending(serde_json::json!([]));
+        for whole in [scheduled, unscheduled] {
+            let mut trimmed = whole.clone();
+            trim_pod(&mut trimmed);
+            assert!(crate::scaler::decide::starting(&whole, now), "{whole:?}");
+            assert!(
+                crate::scaler::decide::starting(&trimmed, now),
+                "{trimmed:?}"
+            );
+        }
     }
 
     fn config_map(data: &str) -> ConfigMap {

@@ -141,15 +141,23 @@ fn describe_marks(marks: &[Mark]) -> String {
     marks.collect::<Vec<_>>().join(" ")
 }
 
-/// `pod=busy/age` for each running pod: the figures a scale-in chose by, for its log line.
+/// `pod=busy/age` for the running pods, the first [`FIGURES_LOGGED`] of them: the figures a
+/// scale-in chose by, for its log line.
 fn describe_figures(pods: &[decide::BusyPod], now: Instant) -> String {
     let figure = |p: &decide::BusyPod| {
         let age = now.saturating_duration_since(p.asked).as_millis();
         let answered = if p.answered { "" } else { " unanswered" };
         format!("{}={}/{age}ms{answered}", p.name, p.busy)
     };
-    pods.iter().map(figure).collect::<Vec<_>>().join(" ")
+    let mut text: Vec<String> = pods.iter().take(FIGURES_LOGGED).map(figure).collect();
+    if pods.len() > FIGURES_LOGGED {
+        text.push(format!("and {} more", pods.len() - FIGURES_LOGGED));
+    }
+    text.join(" ")
 }
+
+/// The most pods whose figures one log line of a scale shows.
+const FIGURES_LOGGED: usize = 16;
 
 /// Write `to` through the task's `/scale`, remember it until the watch shows it, and say so in
 /// a `Scaled` event and the decision `status.lastScale` carries.

@@ -78,7 +78,7 @@ impl ExecutionDir {
     /// The directory of `slot`, made with its marker by the slot's first attempt and kept for
     /// the next ones: a workspace-free attempt's files are its params and what the body
     /// writes, each named after `execution_id`, and emptied after it. Making and removing a
-    /// directory for each attempt was a third of a workspace-free attempt's file work.
+    /// directory for each attempt was two thirds of a workspace-free attempt's file work.
     pub fn in_slot(
         work_dir: &Path,
         slot: u32,

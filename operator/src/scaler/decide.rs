@@ -922,12 +922,11 @@ mod tests {
         // Not looked at by the scheduler yet, as a loaded watch may still show a pod whose
         // sidecar already polls: starting for a minute from its creation.
         let created = |ago: i64| {
-            let pod: Pod = serde_json::from_value(json!({
+            serde_json::from_value::<Pod>(json!({
                 "metadata": {"name": "t-perago-new", "creationTimestamp": scheduled(ago)},
                 "status": {"phase": "Pending"},
             }))
-            .unwrap();
-            pod
+            .unwrap()
         };
         assert!(starting(&created(1), now), "unscheduled, just created");
         assert!(
