@@ -681,11 +681,20 @@ async fn attempt_logs(
     }
     let mut merged = stream::select_all(streams);
     let mut deadline: Option<tokio::time::Instant> = None;
+    let mut held = Held::default();
     loop {
-        let next = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, merged.next()).await {
+        // Wake for the next line, for the oldest held line to come of age, or at the end.
+        let wake = [held.due(), deadline].into_iter().flatten().min();
+        let next = match wake {
+            Some(w) => match tokio::time::timeout_at(w, merged.next()).await {
                 Ok(next) => next,
-                Err(_) => break,
+                Err(_) if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) => break,
+                Err(_) => {
+                    for l in held.ready(tokio::time::Instant::now()) {
+                        out.line(&l, label(&l.container), 7);
+                    }
+                    continue;
+                }
             },
             None => merged.next().await,
         };
@@ -703,13 +712,54 @@ async fn attempt_logs(
             // The body's last lines may still be on their way.
             deadline = Some(tokio::time::Instant::now() + Duration::from_secs(2));
         }
-        out.line(
-            &line(container, &(at, text.to_owned())),
-            label(container),
-            7,
-        );
+        let now = tokio::time::Instant::now();
+        held.push(now, line(container, &(at, text.to_owned())));
+        for l in held.ready(now) {
+            out.line(&l, label(&l.container), 7);
+        }
+    }
+    for l in held.rest() {
+        out.line(&l, label(&l.container), 7);
     }
     Ok(())
+}
+
+/// How long a followed line is held before it is printed: the kubelet streams each container's
+/// log on its own, and under load the body's trails the sidecar's by a moment, so lines
+/// printed as they arrive would put a body's last output after the sidecar's report of it.
+const FOLLOW_HOLD: Duration = Duration::from_secs(1);
+
+/// Followed lines not printed yet, each with when it arrived: printed in time order once the
+/// oldest has been held [`FOLLOW_HOLD`], and what is left at the end.
+#[derive(Default)]
+struct Held(Vec<(tokio::time::Instant, LogLine)>);
+
+impl Held {
+    fn push(&mut self, arrived: tokio::time::Instant, line: LogLine) {
+        self.0.push((arrived, line));
+        self.0.sort_by_key(|(_, l)| l.at);
+    }
+
+    /// When the oldest held line comes of age.
+    fn due(&self) -> Option<tokio::time::Instant> {
+        self.0
+            .iter()
+            .map(|(arrived, _)| *arrived + FOLLOW_HOLD)
+            .min()
+    }
+
+    /// The lines to print at `now`, in time order: those before the first line in time order
+    /// that has not been held long enough, since a line held that long may still be
+    /// preceded by one on its way.
+    fn ready(&mut self, now: tokio::time::Instant) -> Vec<LogLine> {
+        let young = (self.0.iter()).position(|(arrived, _)| *arrived + FOLLOW_HOLD > now);
+        let ready = young.unwrap_or(self.0.len());
+        self.0.drain(..ready).map(|(_, l)| l).collect()
+    }
+
+    fn rest(self) -> Vec<LogLine> {
+        self.0.into_iter().map(|(_, l)| l).collect()
+    }
 }
 
 /// The `timestamp` of a sidecar's JSON log line.
@@ -834,6 +884,41 @@ mod tests {
 
     fn at(s: &str) -> Option<Timestamp> {
         Some(s.parse().unwrap())
+    }
+
+    /// A followed line is printed once held a moment, in time order: a body's last line that
+    /// arrives after the sidecar's later report still comes first.
+    #[test]
+    fn followed_lines_are_printed_in_time_order_once_held() {
+        let line = |container: &str, time: &str, text: &str| LogLine {
+            time: time.into(),
+            pod: "p".into(),
+            container: container.into(),
+            task_id: None,
+            text: text.into(),
+            at: at(time),
+        };
+        let t0 = tokio::time::Instant::now();
+        let mut held = Held::default();
+        held.push(
+            t0,
+            line(SIDECAR, "2026-12-07T15:26:24.420Z", "attempt reported"),
+        );
+        assert!(held.ready(t0).is_empty(), "held");
+        assert_eq!(held.due(), Some(t0 + FOLLOW_HOLD));
+        let late = t0 + Duration::from_millis(300);
+        held.push(late, line(BODY, "2026-12-07T15:26:24.123Z", "body: done"));
+        assert!(
+            held.ready(t0 + FOLLOW_HOLD).is_empty(),
+            "the report waits for the earlier line held less long"
+        );
+        let texts = |lines: Vec<LogLine>| lines.into_iter().map(|l| l.text).collect::<Vec<_>>();
+        assert_eq!(
+            texts(held.ready(late + FOLLOW_HOLD)),
+            ["body: done", "attempt reported"]
+        );
+        held.push(late, line(BODY, "2026-12-07T15:26:25.000Z", "after"));
+        assert_eq!(texts(held.rest()), ["after"], "the end prints what is held");
     }
 
     #[test]
