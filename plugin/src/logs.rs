@@ -729,8 +729,8 @@ async fn attempt_logs(
 /// printed as they arrive would put a body's last output after the sidecar's report of it.
 const FOLLOW_HOLD: Duration = Duration::from_secs(1);
 
-/// Followed lines not printed yet, each with when it arrived: printed in time order once the
-/// oldest has been held [`FOLLOW_HOLD`], and what is left at the end.
+/// Followed lines not printed yet, in time order, each with when it arrived: printed once held
+/// [`FOLLOW_HOLD`], and what is left at the end.
 #[derive(Default)]
 struct Held(Vec<(tokio::time::Instant, LogLine)>);
 
@@ -740,12 +740,10 @@ impl Held {
         self.0.sort_by_key(|(_, l)| l.at);
     }
 
-    /// When the oldest held line comes of age.
+    /// When the first held line in time order comes of age: the lines after it wait for it,
+    /// so nothing can be printed before.
     fn due(&self) -> Option<tokio::time::Instant> {
-        self.0
-            .iter()
-            .map(|(arrived, _)| *arrived + FOLLOW_HOLD)
-            .min()
+        self.0.first().map(|(arrived, _)| *arrived + FOLLOW_HOLD)
     }
 
     /// The lines to print at `now`, in time order: those before the first line in time order
@@ -911,6 +909,11 @@ mod tests {
         assert!(
             held.ready(t0 + FOLLOW_HOLD).is_empty(),
             "the report waits for the earlier line held less long"
+        );
+        assert_eq!(
+            held.due(),
+            Some(late + FOLLOW_HOLD),
+            "woken when that line is of age"
         );
         let texts = |lines: Vec<LogLine>| lines.into_iter().map(|l| l.text).collect::<Vec<_>>();
         assert_eq!(
