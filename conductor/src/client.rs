@@ -58,18 +58,18 @@ pub type TraceContext = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What a call is, for its errors and its observer.
 #[derive(Clone, Copy)]
-struct Call<'a> {
+pub(crate) struct Call<'a> {
     name: &'static str,
     task_def: Option<&'a str>,
 }
 
 impl Call<'_> {
-    fn error(self, kind: ErrorKind) -> ConductorError {
+    pub(crate) fn error(self, kind: ErrorKind) -> ConductorError {
         ConductorError::new(self.name, self.task_def, kind)
     }
 }
 
-const fn call(name: &'static str) -> Call<'static> {
+pub(crate) const fn call(name: &'static str) -> Call<'static> {
     Call {
         name,
         task_def: None,
@@ -400,8 +400,8 @@ impl ConductorClient {
         let url = self.url(&format!("/tasks/poll/batch/{}", path_segment(task_type)));
         let count = count.to_string();
         let wait_text = wait_ms.to_string();
-        let answer = self
-            .send(call("batch poll"), self.request_timeout + wait, |h| {
+        let (status, text) = self
+            .send_raw(call("batch poll"), self.request_timeout + wait, |h| {
                 let h = h.get(&url).query(&[
                     ("workerid", worker_id),
                     ("count", count.as_str()),
@@ -413,7 +413,7 @@ impl ConductorClient {
                 }
             })
             .await?;
-        polled_tasks(answer)
+        crate::polled::polled_tasks(status, text)
     }
 
     /// `GET /tasks/{taskId}`.
@@ -561,19 +561,6 @@ fn failure(status: StatusCode, text: &str) -> ErrorKind {
     }
 }
 
-/// The tasks of a batch poll's answer (`None`: 204, no task).
-#[doc(hidden)] // public for the fuzz targets
-pub fn polled_tasks(answer: Option<Value>) -> Result<Vec<Value>, ConductorError> {
-    match answer {
-        None => Ok(Vec::new()),
-        Some(Value::Array(tasks)) => Ok(tasks),
-        Some(other) => Err(call("batch poll").error(ErrorKind::Decode(format!(
-            "expected a JSON array, got {}",
-            kind(&other)
-        )))),
-    }
-}
-
 /// An answer's body as [`ConductorClient`] hands it on: JSON, or a JSON string for text
 /// answers; `None` for 204 or an empty body; an error naming the call for a failed status.
 #[doc(hidden)] // public for the fuzz targets
@@ -601,7 +588,7 @@ pub fn answer(
     ))
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -5,16 +5,17 @@
 mod client;
 mod error;
 pub mod flags;
+mod polled;
 mod status;
 mod workflow;
 
 pub use client::{
-    CallObserver, CallOutcome, ConductorClient, TraceContext, answer, http_client, polled_tasks,
-    queue_name,
+    CallObserver, CallOutcome, ConductorClient, TraceContext, answer, http_client, queue_name,
 };
 pub use error::{ConductorError, ErrorKind};
 pub use perago_contract::ConductorCredentials as Credentials;
 /// Reading a private CA bundle, as every client here does.
 pub use perago_contract::trust;
+pub use polled::{POLLED_TASK_FIELDS, polled_tasks};
 pub use status::TaskStatus;
 pub use workflow::{Workflow, WorkflowTask};

@@ -1,5 +1,5 @@
 //! Conductor task decoding: an answer's body (`conductor::answer`), a batch poll's task list
-//! (`conductor::polled_tasks`), each task's attempt snapshot (`AttemptSnapshot::from_task`,
+//! (`conductor::polled_tasks`, each task trimmed to the fields a worker reads), each task's attempt snapshot (`AttemptSnapshot::from_task`,
 //! `attempt::report_identity`) and the names derived from it (the execution directory, the
 //! staging branch).
 //!
@@ -9,17 +9,18 @@
 //! Asserts: nothing panics; a failed status is an error naming the call, quoting at most
 //! 300 characters of the body, or a gateway's refusal of the client certificate (400, 495,
 //! 496 with the gateway's words); a success is the body's JSON (or the body as a JSON string),
-//! none for 204 or an empty body; a poll answer that is no array is refused; a snapshot
+//! none for 204 or an empty body; a poll answer that is no array is refused, and each polled
+//! task is the answer's, trimmed to the fields a worker reads; a snapshot
 //! carries the task's own fields, and a refusal names the missing or mistyped field; the
 //! execution directory's name stays one plain name; the staging branch is a valid lakeFS
 //! branch name that the step's sweep recognises, and no other iteration's sweep does.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use perago_conductor::{ConductorError, ErrorKind, answer, polled_tasks};
+use perago_conductor::{ConductorError, ErrorKind, POLLED_TASK_FIELDS, answer, polled_tasks};
 use perago_fuzz::stays_inside;
-use perago_workspace::attempt::{AttemptSnapshot, report_identity};
 use perago_sidecar::execution::safe;
+use perago_workspace::attempt::{AttemptSnapshot, report_identity};
 use perago_workspace::staging::{StagingBranch, is_step_branch};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -133,7 +134,10 @@ fuzz_target!(|data: &[u8]| {
         }) => {
             assert!(matches!(status.as_u16(), 400 | 495 | 496), "{status}");
             assert_eq!(call, "get task");
-            assert!(refused.contains(&format!("HTTP {}", status.as_u16())), "{refused}");
+            assert!(
+                refused.contains(&format!("HTTP {}", status.as_u16())),
+                "{refused}"
+            );
             return;
         }
         Err(e) => panic!("only a status is an error here: {e}"),
@@ -147,14 +151,37 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => assert_eq!(v, &Value::String(text.clone())),
         },
     }
-    let is_list = matches!(decoded, None | Some(Value::Array(_)));
-    match polled_tasks(decoded.clone()) {
-        Ok(tasks) => {
-            assert!(is_list);
+    // The poll keeps only the fields a worker reads of each task; the rest is skipped
+    // unparsed, so an answer whose skipped parts no full parse accepts may still be read.
+    let parsed_whole = text.is_empty() || serde_json::from_str::<Value>(&text).is_ok();
+    match (polled_tasks(status, text.clone()), &decoded) {
+        (Ok(tasks), None) => assert!(tasks.is_empty()),
+        (Ok(tasks), Some(Value::Array(whole))) => {
+            assert_eq!(tasks.len(), whole.len());
+            for (task, whole) in tasks.iter().zip(whole) {
+                match whole {
+                    Value::Object(fields) => {
+                        let kept: serde_json::Map<String, Value> = fields
+                            .iter()
+                            .filter(|(k, _)| POLLED_TASK_FIELDS.contains(&k.as_str()))
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        assert_eq!(task, &Value::Object(kept));
+                    }
+                    other => assert_eq!(task, other),
+                }
+                check_task(task);
+            }
+        }
+        (Ok(tasks), Some(_)) => {
+            assert!(
+                !parsed_whole,
+                "a poll answer that is no array was read: {text:?}"
+            );
             tasks.iter().for_each(check_task);
         }
-        Err(e) => {
-            assert!(!is_list);
+        (Err(e), _) => {
+            assert!(!matches!(decoded, None | Some(Value::Array(_))), "{e}");
             let text = e.to_string();
             assert!(
                 text.starts_with("Conductor batch poll returned an unreadable answer: expected a JSON array, got "),
