@@ -1,18 +1,251 @@
-//! The validating admission webhook on a real cluster: the operator installed by Helm, every
-//! bad declaration of the offline check refused at `kubectl apply` (by the webhook with the
-//! check's message, or earlier by the CRD's own schema), warnings printed, a server-side dry run
-//! refused the same way, the failure policy while no replica serves, and objects stored before
-//! the webhook existed still reconciled to Stalled.
+//! The validating admission webhook on a real cluster, the operator installed by Helm. The
+//! binary holds two tests:
+//!
+//! - `the_webhook_refuses_what_the_check_refuses` (here): every bad declaration of the offline
+//!   check refused at `kubectl apply` (by the webhook with the check's message, or earlier by
+//!   the CRD's own schema), warnings printed, a server-side dry run refused the same way, the
+//!   certificate renewed under the same authority, the failure policy while no replica serves,
+//!   and objects stored before the webhook existed still reconciled to Stalled.
+//! - `cert_manager::with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issued`
+//!   (`admission/cert_manager.rs`): the webhook serving the certificate a real cert-manager
+//!   issued, its injector writing the `caBundle`.
+//!
+//! They share one node start, where each was a binary with a start of its own. Both install the
+//! operator as the release `perago` in `perago-system`, so they take turns: a test holds a
+//! [`Turn`] for its whole run and leaves the cluster as it found it ([`Turn::leave`]): its
+//! PeragoTasks deleted while its operator runs (their finalizers), its release uninstalled and
+//! the operator's pods gone, the host processes it started stopped, its namespaces deleted
+//! (`perago-system` too: the webhook's Secret and the leader's Lease are not the release's),
+//! and the cluster-wide objects it applied (cert-manager's CRDs) deleted. The PeragoTask CRD
+//! stays, as Helm leaves it; both install the same.
 
 #![allow(clippy::unwrap_used)]
 
 mod cases;
 
+#[path = "admission/cert_manager.rs"]
+mod cert_manager;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE};
-use perago_e2e::{Selection, shared};
+use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, RELEASE};
+use perago_e2e::process::ServerProcess;
+use perago_e2e::{Selection, Services, shared};
 use serde_yaml::Value;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// One operator release at a time on the node.
+static INSTALLS: Mutex<()> = Mutex::const_new(());
+
+/// A test's turn on the node ([`INSTALLS`]), held until the test ends. The test ends it with
+/// [`Turn::leave`]; a test that fails before that leaves the clean-up to the turn's drop, best
+/// effort, each failed step written out (tokio's lock is not poisoned, and the next test's
+/// `helm install` would fail on the release left behind). Its drop writes how long the test
+/// held the node.
+struct Turn {
+    _guard: MutexGuard<'static, ()>,
+    cluster: Cluster,
+    test: &'static str,
+    since: Instant,
+    /// The task namespaces the test made (`Cluster::task_namespace`).
+    tasks: Vec<String>,
+    /// Host processes the test started, stopped once its release is gone.
+    processes: Vec<ServerProcess>,
+    /// Namespaces the test made other than with `Cluster::task_namespace`.
+    namespaces: Vec<String>,
+    /// Manifests of the cluster-wide objects the test applied, deleted last.
+    manifests: Vec<PathBuf>,
+    /// How long [`Turn::leave`] took, once it cleaned up.
+    left: Option<Duration>,
+}
+
+impl Turn {
+    /// Wait for the node, for the test named `test`.
+    async fn take(test: &'static str, services: &'static Services) -> Self {
+        let guard = INSTALLS.lock().await;
+        Self {
+            _guard: guard,
+            cluster: Cluster::new(services).unwrap(),
+            test,
+            since: Instant::now(),
+            tasks: Vec::new(),
+            processes: Vec::new(),
+            namespaces: Vec::new(),
+            manifests: Vec::new(),
+            left: None,
+        }
+    }
+
+    /// Leave the cluster as the test found it; a step that fails fails the test.
+    fn leave(&mut self) {
+        let started = Instant::now();
+        self.clean_up(true);
+        self.left = Some(started.elapsed());
+    }
+
+    /// A step that failed: the test's (`strict`), or written out by a drop that must not panic.
+    fn failed(&self, strict: bool, what: &str) {
+        if strict {
+            panic!("leaving the cluster as found: {what}");
+        }
+        note(&format!("{}: {what}", self.test));
+    }
+
+    fn clean_up(&mut self, strict: bool) {
+        self.tasks
+            .extend(perago_e2e::cluster::namespaces_made_here());
+        // The tasks first, while their operator runs to take its finalizers off.
+        for namespace in &self.tasks {
+            let timeout = if strict {
+                "--timeout=120s"
+            } else {
+                "--timeout=60s"
+            };
+            let args = [
+                "delete",
+                "peragotasks",
+                "--all",
+                "-n",
+                namespace,
+                "--wait",
+                timeout,
+            ];
+            let Err(e) = self.cluster.kubectl(&args) else {
+                continue;
+            };
+            if strict {
+                let tasks = self
+                    .cluster
+                    .kubectl(&["get", "peragotasks", "-n", namespace, "-o", "yaml"])
+                    .unwrap_or_default();
+                let logs = self.cluster.operator_logs().unwrap_or_default();
+                self.failed(strict, &format!("{e:#}\n{tasks}\n{logs}"));
+            }
+            // No operator took them off (a test that failed with it scaled to zero): dropped.
+            note(&format!(
+                "{}: {e:#}; dropping the finalizers of what is left",
+                self.test
+            ));
+            let left = self
+                .cluster
+                .kubectl(&["get", "peragotasks", "-n", namespace, "-o", "name"])
+                .unwrap_or_default();
+            for task in left.lines().filter(|l| !l.is_empty()) {
+                let patched = self.cluster.kubectl(&[
+                    "patch",
+                    task,
+                    "-n",
+                    namespace,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]);
+                if let Err(e) = patched {
+                    self.failed(strict, &format!("{e:#}"));
+                }
+            }
+        }
+        let installed = strict
+            || self
+                .cluster
+                .helm(&["status", RELEASE, "-n", OPERATOR_NAMESPACE])
+                .is_ok();
+        if installed {
+            let uninstalled =
+                self.cluster
+                    .helm(&["uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, "--wait"]);
+            if let Err(e) = uninstalled {
+                self.failed(strict, &format!("{e:#}"));
+            }
+        }
+        // Its host processes stop (on drop) once the release they serve is gone.
+        self.processes.clear();
+        let mut namespaces = self.tasks.clone();
+        namespaces.extend(self.namespaces.iter().cloned());
+        namespaces.push(OPERATOR_NAMESPACE.to_owned());
+        for namespace in &namespaces {
+            let deleted = self.cluster.kubectl(&[
+                "delete",
+                "namespace",
+                namespace,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+            if let Err(e) = deleted {
+                self.failed(strict, &format!("{e:#}"));
+            }
+        }
+        // Helm waits for the Deployment, not for its pods, and a terminating operator keeps its
+        // open watches (as in e2e's `installs`): gone before the next test installs its own.
+        // Their preStop's 5 s pass while the namespaces terminate.
+        let gone = self.cluster.kubectl(&[
+            "wait",
+            "--for=delete",
+            "pod",
+            "-n",
+            OPERATOR_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=perago-operator,pod-template-hash",
+            "--timeout=120s",
+        ]);
+        if let Err(e) = gone {
+            self.failed(strict, &format!("{e:#}"));
+        }
+        let names: Vec<String> = namespaces
+            .iter()
+            .map(|n| format!("namespace/{n}"))
+            .collect();
+        let mut args = vec!["wait", "--for=delete", "--timeout=180s"];
+        args.extend(names.iter().map(String::as_str));
+        if let Err(e) = self.cluster.kubectl(&args) {
+            self.failed(strict, &format!("{e:#}"));
+        }
+        for manifest in &self.manifests {
+            let deleted = self.cluster.kubectl(&[
+                "delete",
+                "--ignore-not-found",
+                "--wait",
+                "--timeout=60s",
+                "-f",
+                manifest.to_str().unwrap_or_default(),
+            ]);
+            if let Err(e) = deleted {
+                self.failed(strict, &format!("{e:#}"));
+            }
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let Some(leaving) = self.left else {
+            note(&format!(
+                "{} failed: deleting its PeragoTasks, release and namespaces",
+                self.test
+            ));
+            self.clean_up(false);
+            note(&format!(
+                "{} held the node {:.1?}",
+                self.test,
+                self.since.elapsed()
+            ));
+            return;
+        };
+        note(&format!(
+            "{} held the node {:.1?}, {leaving:.1?} of it leaving the cluster as found",
+            self.test,
+            self.since.elapsed()
+        ));
+    }
+}
+
+/// A line written past libtest's capture, so that the lane's log shows it for a test that
+/// passes too: where the binary's time goes, and what a failed test's turn cleaned up.
+fn note(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("[admission] {line}\n").as_bytes());
+}
 
 const NAMESPACE: &str = "admission";
 const DENIED: &str = "admission webhook \"validate.peragotasks.perago.io\" denied the request: ";
@@ -51,6 +284,7 @@ async fn the_webhook_refuses_what_the_check_refuses() {
         return;
     }
     let services = shared(Selection::ALL).await;
+    let mut turn = Turn::take("the_webhook_refuses_what_the_check_refuses", services).await;
     let cluster = Cluster::new(services).unwrap();
     // The certificate looked at every 2 s, so its renewal below is not a minute's wait.
     cluster
@@ -362,4 +596,5 @@ async fn the_webhook_refuses_what_the_check_refuses() {
         "operator back: the webhook served again {:.1?} after its rollout completed",
         back.elapsed()
     );
+    turn.leave();
 }

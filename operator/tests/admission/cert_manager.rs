@@ -3,10 +3,9 @@
 //! `webhook.certManager.enabled=true` makes a self-signed Issuer and a Certificate,
 //! cert-manager issues the Secret, its injector writes the `caBundle`, and the apiserver calls
 //! the webhook over that chain, so an invalid task is refused with the check's message.
-
-#![allow(clippy::unwrap_used)]
-
-mod cases;
+//!
+//! A test of the `admission` binary: it takes its [`Turn`] on the node like the other, and
+//! leaves the cluster as found, cert-manager's controllers stopped and its CRDs deleted.
 
 use std::time::{Duration, Instant};
 
@@ -14,8 +13,9 @@ use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
 use perago_e2e::process::ServerProcess;
 use perago_e2e::{Selection, shared};
 
+use super::{DENIED, Turn, cases};
+
 const NAMESPACE: &str = "admission-cert-manager";
-const DENIED: &str = "admission webhook \"validate.peragotasks.perago.io\" denied the request: ";
 
 /// `kubectl apply --server-side` of `doc`: Ok(stderr) or Err(stderr).
 fn apply(cluster: &Cluster, doc: &serde_yaml::Value) -> Result<String, String> {
@@ -45,16 +45,18 @@ async fn with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issue
         return;
     }
     let services = shared(Selection::ALL).await;
+    let mut turn = Turn::take(
+        "with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issued",
+        services,
+    )
+    .await;
     let cluster = Cluster::new(services).unwrap();
     let controller = perago_e2e::process::obtain("cert-manager").unwrap();
     let dir = controller.parent().unwrap().to_owned();
+    let crds = dir.join("cert-manager.crds.yaml");
+    turn.manifests.push(crds.clone());
     cluster
-        .kubectl(&[
-            "apply",
-            "--server-side",
-            "-f",
-            dir.join("cert-manager.crds.yaml").to_str().unwrap(),
-        ])
+        .kubectl(&["apply", "--server-side", "-f", crds.to_str().unwrap()])
         .unwrap();
     cluster
         .kubectl(&[
@@ -66,27 +68,32 @@ async fn with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issue
             "--timeout=60s",
         ])
         .unwrap();
+    turn.namespaces.push("cert-manager".to_owned());
     cluster
         .kubectl(&["create", "namespace", "cert-manager"])
         .unwrap();
     let kubeconfig = services.kube().kubeconfig.clone();
-    let _controller = ServerProcess::spawn(
-        "cert-manager controller",
-        std::process::Command::new(&controller)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--cluster-resource-namespace", "cert-manager"]),
-        services.dir().join("cert-manager-controller.log"),
-    )
-    .unwrap();
-    let _injector = ServerProcess::spawn(
-        "cert-manager cainjector",
-        std::process::Command::new(dir.join("cainjector"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig),
-        services.dir().join("cert-manager-cainjector.log"),
-    )
-    .unwrap();
+    turn.processes.push(
+        ServerProcess::spawn(
+            "cert-manager controller",
+            std::process::Command::new(&controller)
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["--cluster-resource-namespace", "cert-manager"]),
+            services.dir().join("cert-manager-controller.log"),
+        )
+        .unwrap(),
+    );
+    turn.processes.push(
+        ServerProcess::spawn(
+            "cert-manager cainjector",
+            std::process::Command::new(dir.join("cainjector"))
+                .arg("--kubeconfig")
+                .arg(&kubeconfig),
+            services.dir().join("cert-manager-cainjector.log"),
+        )
+        .unwrap(),
+    );
 
     // The operator becomes available only once it serves the webhook, with the issued pair.
     let took = cluster
@@ -160,4 +167,5 @@ async fn with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issue
     cases::set(&mut good, "spec.taskName", "admission.cert-manager".into());
     apply(&cluster, &good).unwrap();
     eprintln!("with cert-manager: {path} refused with the check's message, a valid task stored");
+    turn.leave();
 }
