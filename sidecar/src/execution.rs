@@ -123,6 +123,24 @@ impl ExecutionDir {
         }
     }
 
+    /// Write the attempt's params. In a slot's directory they go into the file that held the
+    /// slot's last params, renamed: allocating an inode for each attempt was, on a file system
+    /// without a journal, where ext4 passes over every inode freed in the last minute to find
+    /// one, up to half of the sidecar's CPU (docs/benchmarks.md#the-params-files-inode).
+    async fn write_params(&self, text: Vec<u8>) -> std::io::Result<()> {
+        let path = self.file(files::PARAMS);
+        if text.len() > PARAMS_WRITTEN_IN_PLACE {
+            let _ = std::fs::remove_file(self.path.join(PARAMS_SPARE));
+            return tokio::task::spawn_blocking(move || std::fs::write(path, text))
+                .await
+                .map_err(std::io::Error::other)?;
+        }
+        if self.execution_id.is_some() && rewrite_spare(&self.path.join(PARAMS_SPARE), &text) {
+            return std::fs::rename(self.path.join(PARAMS_SPARE), path);
+        }
+        std::fs::write(path, text)
+    }
+
     /// Remove the attempt's files (a slot's directory: every entry but the marker, what
     /// earlier attempts' stray processes left included) or its directory: in place when it
     /// holds only a few small files (a workspace-free attempt's params and the body's files),
@@ -161,7 +179,10 @@ impl ExecutionDir {
             return;
         }
         let removed = match self.execution_id {
-            Some(_) => empty(&self.path),
+            Some(_) => {
+                keep_as_spare(&self.file(files::PARAMS), &self.path.join(PARAMS_SPARE));
+                empty(&self.path)
+            }
             None => std::fs::remove_dir_all(&self.path),
         };
         if let Err(e) = removed {
@@ -170,14 +191,60 @@ impl ExecutionDir {
     }
 }
 
-/// Remove every entry of `dir` but its marker.
+/// The name, in a slot's directory, of the file that held the slot's last params, kept for
+/// the next attempt's.
+const PARAMS_SPARE: &str = "params.spare";
+
+/// Keep the attempt's params file as the slot's spare: renamed, if it is still a plain file
+/// of one link (the body may have replaced it with anything).
+fn keep_as_spare(params: &Path, spare: &Path) {
+    let plain = std::fs::symlink_metadata(params).is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.file_type().is_file() && m.nlink() == 1
+    });
+    if plain {
+        let _ = std::fs::rename(params, spare);
+    }
+}
+
+/// Overwrite the spare with `text`; false (and the spare removed) when it is not a plain
+/// file of one link: never follows a symbolic link, never waits on a pipe.
+fn rewrite_spare(spare: &Path, text: &[u8]) -> bool {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(spare);
+    let written = opened.and_then(|mut file| {
+        use std::os::unix::fs::MetadataExt;
+        let found = file.metadata()?;
+        if !found.is_file() || found.nlink() != 1 {
+            return Err(ErrorKind::InvalidInput.into());
+        }
+        file.write_all(text)?;
+        file.set_len(text.len() as u64)
+    });
+    match written {
+        Ok(()) => true,
+        Err(e) => {
+            if e.kind() != ErrorKind::NotFound {
+                let _ = std::fs::remove_file(spare);
+            }
+            false
+        }
+    }
+}
+
+/// Remove every entry of `dir` but its marker and the params spare.
 fn empty(dir: &Path) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_name() == MARKER {
+        let is_dir = entry.file_type()?.is_dir();
+        if entry.file_name() == MARKER || (entry.file_name() == PARAMS_SPARE && !is_dir) {
             continue;
         }
-        if entry.file_type()?.is_dir() {
+        if is_dir {
             std::fs::remove_dir_all(entry.path())?;
         } else {
             std::fs::remove_file(entry.path())?;
@@ -229,7 +296,7 @@ pub async fn run_body(
 ) -> Result<Value, AttemptError> {
     let params_path = dir.file(files::PARAMS);
     let text = serde_json::to_vec(params).map_err(LocalError::Params)?;
-    write_params(&params_path, text)
+    dir.write_params(text)
         .await
         .map_err(|e| LocalError::from(FileError::new("writing", &params_path, e)))?;
     let mut vars = BTreeMap::new();
@@ -348,16 +415,6 @@ async fn wait(run: &Dispatch<'_>, done: tokio::sync::oneshot::Receiver<ProcessEn
 /// Params up to this size are written in place, on the async runtime: page-cache writes of
 /// this size take microseconds, less than the trip to the blocking pool and back.
 const PARAMS_WRITTEN_IN_PLACE: usize = 1 << 20;
-
-async fn write_params(path: &Path, text: Vec<u8>) -> std::io::Result<()> {
-    if text.len() <= PARAMS_WRITTEN_IN_PLACE {
-        return std::fs::write(path, text);
-    }
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || std::fs::write(path, text))
-        .await
-        .map_err(std::io::Error::other)?
-}
 
 /// Files up to this size are read, and removed, in place on the async runtime, as params
 /// are written: that takes microseconds, less than the trip to the blocking pool.
@@ -645,11 +702,16 @@ mod tests {
         std::fs::write(first.path.join("scratch/part"), "x").unwrap();
         let path = first.path.clone();
         first.remove().await;
-        let left: Vec<_> = std::fs::read_dir(&path)
+        let mut left: Vec<_> = std::fs::read_dir(&path)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(left, [MARKER], "only the marker is kept");
+        left.sort();
+        assert_eq!(
+            left,
+            [MARKER, PARAMS_SPARE],
+            "only the marker and the params' inode are kept"
+        );
 
         let second = ExecutionDir::in_slot(work.path(), 2, "e2", "w-0002").unwrap();
         assert_eq!(second.path, path);
@@ -670,6 +732,83 @@ mod tests {
             1,
             "a slot's directory carries the marker"
         );
+    }
+
+    #[tokio::test]
+    async fn a_slots_params_reuse_one_inode_and_never_follow_what_the_body_left() {
+        use std::os::unix::fs::MetadataExt;
+        let work = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(work.path().join(EXECUTIONS)).unwrap();
+        let attempt = |id: &str| ExecutionDir::in_slot(work.path(), 1, id, "w-0001").unwrap();
+        let first = attempt("e1");
+        first
+            .write_params(br#"{"n": 12345}"#.to_vec())
+            .await
+            .unwrap();
+        let first_params = first.file(files::PARAMS);
+        let inode = std::fs::metadata(&first_params).unwrap().ino();
+        first.remove().await;
+        // Shorter params in the same inode: nothing of the longer ones is left.
+        let second = attempt("e2");
+        second.write_params(br#"{"n": 1}"#.to_vec()).await.unwrap();
+        let params = second.file(files::PARAMS);
+        assert_eq!(std::fs::read(&params).unwrap(), br#"{"n": 1}"#);
+        assert_eq!(std::fs::metadata(&params).unwrap().ino(), inode);
+        assert!(!first_params.exists());
+
+        // The body replaced its params, or the spare itself, with a link to a file of the
+        // sidecar's, a pipe, a second link or a directory: the next params go to a file of
+        // their own, and the target is untouched.
+        let outside = work.path().join("secret");
+        std::fs::write(&outside, "kept").unwrap();
+        let hard = work.path().join("hard");
+        let kinds = ["symlink", "fifo", "hardlink", "dir"];
+        for (n, (replace, at_spare)) in kinds
+            .into_iter()
+            .flat_map(|k| [(k, false), (k, true)])
+            .enumerate()
+        {
+            let last = attempt("last");
+            let planted = if at_spare {
+                last.path.join(PARAMS_SPARE)
+            } else {
+                last.file(files::PARAMS)
+            };
+            let _ = std::fs::remove_file(&planted);
+            match replace {
+                "symlink" => std::os::unix::fs::symlink(&outside, &planted).unwrap(),
+                "fifo" => {
+                    let made = std::process::Command::new("mkfifo").arg(&planted).status();
+                    assert!(made.unwrap().success());
+                }
+                "hardlink" => {
+                    std::fs::write(&hard, "kept").unwrap();
+                    std::fs::hard_link(&hard, &planted).unwrap();
+                }
+                _ => std::fs::create_dir(&planted).unwrap(),
+            }
+            if !at_spare {
+                last.remove().await;
+            }
+            let next = attempt(&format!("n{n}"));
+            let text = format!(r#"{{"after": "{replace}"}}"#);
+            next.write_params(text.clone().into_bytes()).await.unwrap();
+            let written = std::fs::symlink_metadata(next.file(files::PARAMS)).unwrap();
+            assert!(written.is_file(), "{replace} at the spare: {at_spare}");
+            assert_eq!(
+                std::fs::read_to_string(next.file(files::PARAMS)).unwrap(),
+                text
+            );
+            assert_eq!(
+                std::fs::read_to_string(&outside).unwrap(),
+                "kept",
+                "{replace}"
+            );
+            if replace == "hardlink" {
+                assert_eq!(std::fs::read_to_string(&hard).unwrap(), "kept");
+            }
+            next.remove().await;
+        }
     }
 
     #[test]

@@ -173,20 +173,22 @@ async fn success_reports_exactly_the_result_and_exports_metrics() {
         "attempt lines carry the attempt identity:\n{log}"
     );
     // A workspace-free attempt's files are in its slot's directory, emptied but for the
-    // slot's marker once the attempt is over (ADR 0049).
+    // slot's marker and the params' file, kept for the next attempt's (ADR 0049, 0051),
+    // once the attempt is over.
     let slots: Vec<_> = std::fs::read_dir(pod.path("work/executions"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(slots.len(), 1, "{slots:?}");
     assert!(slots[0].ends_with("slot-0001"), "{slots:?}");
-    let left: Vec<_> = std::fs::read_dir(&slots[0])
+    let mut left: Vec<_> = std::fs::read_dir(&slots[0])
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
+    left.sort();
     assert_eq!(
         left,
-        [".perago-attempt.json"],
+        [".perago-attempt.json", "params.spare"],
         "the attempt's files are removed"
     );
 }
