@@ -3,7 +3,7 @@
 //! metrics API: an HPA's `External` metric is then answered from the real Prometheus, as in a
 //! cluster that runs the adapter's chart.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,9 +17,30 @@ use crate::process::{ServerProcess, free_port, obtain, wait_ready};
 /// The APIService the adapter serves.
 const API_SERVICE: &str = "v1beta1.external.metrics.k8s.io";
 
-/// A running, registered adapter.
+/// A running, registered adapter; its drop unregisters the API, then stops the adapter (an
+/// APIService nobody serves fails the apiserver's discovery, which keeps namespaces from being
+/// deleted).
 pub struct PrometheusAdapter {
-    _process: ServerProcess,
+    process: ServerProcess,
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Drop for PrometheusAdapter {
+    fn drop(&mut self) {
+        let deleted = Command::new(&self.kubectl)
+            .args(["delete", "apiservice", API_SERVICE, "--ignore-not-found"])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output();
+        match deleted {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "[e2e] deleting the APIService {API_SERVICE}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => eprintln!("[e2e] deleting the APIService {API_SERVICE}: {e}"),
+        }
+    }
 }
 
 impl PrometheusAdapter {
@@ -80,6 +101,12 @@ impl PrometheusAdapter {
         .await?;
         eprintln!("[e2e] prometheus-adapter serving on {BRIDGE_IP}:{port} in {took:.1?}");
 
+        // From here on, a failure unregisters the API as it stops the adapter.
+        let adapter = Self {
+            process,
+            kubectl: obtain("kubectl")?,
+            kubeconfig: kubeconfig.to_owned(),
+        };
         let registration = json!({"apiVersion": "v1", "kind": "List", "items": [
             {"apiVersion": "v1", "kind": "Service",
              "metadata": {"name": "prometheus-adapter", "namespace": namespace},
@@ -111,7 +138,7 @@ impl PrometheusAdapter {
                 let status = cluster.kubectl(&["get", "apiservice", API_SERVICE, "-o", "yaml"])?;
                 bail!(
                     "the external metrics API is not available after 60 s:\n{status}\n{}",
-                    process.log_tail()
+                    adapter.process.log_tail()
                 );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -120,6 +147,6 @@ impl PrometheusAdapter {
             "[e2e] {API_SERVICE} available {:.1?} after the adapter started",
             started.elapsed()
         );
-        Ok(Self { _process: process })
+        Ok(adapter)
     }
 }

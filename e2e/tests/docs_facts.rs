@@ -570,7 +570,7 @@ fn the_dockerfile_and_the_crates_name_the_pinned_toolchain() {
 }
 
 /// The commands the README's quickstart shows are the quickstart's own, which a node test
-/// runs as written (e2e/tests/quickstart.rs); `make release` is this repository's.
+/// runs as written (e2e/tests/installs/quickstart.rs); `make release` is this repository's.
 #[test]
 fn the_readmes_quickstart_commands_are_the_quickstarts() {
     let readme = read(&root().join("README.md"));

@@ -1,4 +1,8 @@
-//! How platform teams install, on the real node, from releases in the node's registry:
+//! Every suite that installs the operator its own way, on the real node, from releases in the
+//! node's registry. They share one node: one start (the node, Conductor, lakeFS and the
+//! release push) for them all, where each was a binary of its own and paid its own. This file
+//! holds the two below and the turn they all take; the others are files of their own under
+//! `installs/`.
 //!
 //! - Upgrading the way docs/install.md#upgrading says: the previous release (an older CRD
 //!   without `spec.executor.workVolume`, images of another build) is installed with
@@ -9,25 +13,195 @@
 //!   reconcile deadline.
 //! - Namespaced mode: two releases in two namespaces of one cluster, each watching its own
 //!   task namespace with Roles only, each reconciling and judging only its own PeragoTasks.
+//! - `installs/tls.rs`: Conductor and lakeFS behind a private certificate authority, the
+//!   operator installed trusting it.
+//! - `installs/monitoring.rs`: a real Prometheus and OpenTelemetry Collector on what the
+//!   chart's monitors and tracing give, and the HPA example scaling a task.
+//! - `installs/quickstart.rs`: docs/quickstart.md run as written, its own install and
+//!   uninstall included.
 //!
-//! Both install operators that would see each other's tasks: they take turns.
+//! Each installs an operator that would see the others' tasks: they take turns. A test holds
+//! a [`Turn`] for its whole run and leaves the cluster as it found it: its PeragoTasks deleted
+//! while its operator runs (their finalizers), its release uninstalled and the operator's pods
+//! gone ([`delete_tasks`], [`uninstall`]), its namespaces deleted (by the turn). The CRD stays,
+//! as Helm leaves it; the upgrade test deletes it first.
 
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
+use std::time::Instant;
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use perago_e2e::cluster::{Cluster, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, RELEASE};
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::registry::{Release, publish_with};
-use perago_e2e::{Selection, shared};
+use perago_e2e::{Selection, Services, shared};
+
+#[path = "installs/monitoring.rs"]
+mod monitoring;
+#[path = "installs/quickstart.rs"]
+mod quickstart;
+#[path = "installs/tls.rs"]
+mod tls;
 
 const NAMESPACE: &str = "upgrade";
 const PREVIOUS: &str = "0.0.9";
 
 /// One install at a time on the shared node.
 static INSTALLS: Mutex<()> = Mutex::const_new(());
+
+/// A test's turn on the node ([`INSTALLS`]), held until the test ends. The test cleans up
+/// after itself; the turn then deletes the namespaces the test made (its task namespaces and
+/// those it names) and those of the releases it names. It waits until the releases' are gone,
+/// since the next test installs in `perago-system` again; the task namespaces go meanwhile, as
+/// in `pods` (an executor pod may take its body's run to stop: half a minute in the monitoring
+/// suite). Its drop writes how long the test held the node.
+///
+/// A test that fails before its own cleanup leaves it to the turn (tokio's lock is not
+/// poisoned, and the next test would otherwise fail on what this one left: a release of the
+/// same name, a terminating namespace, PeragoTasks whose finalizers keep the upgrade test's
+/// CRD deletion waiting): its tasks are deleted, their finalizers dropped if no operator takes
+/// them off, and its releases uninstalled, best effort, each step's failure written out.
+struct Turn {
+    _guard: MutexGuard<'static, ()>,
+    cluster: Cluster,
+    test: &'static str,
+    since: Instant,
+    /// Helm releases (name, namespace) the test installs.
+    releases: Vec<(String, String)>,
+    /// Namespaces the test makes other than with `Cluster::task_namespace`.
+    namespaces: Vec<String>,
+}
+
+impl Turn {
+    /// Wait for the node, for the test named `test`.
+    async fn take(test: &'static str, services: &'static Services) -> Self {
+        let guard = INSTALLS.lock().await;
+        Self {
+            _guard: guard,
+            cluster: Cluster::new(services).unwrap(),
+            test,
+            since: Instant::now(),
+            releases: Vec::new(),
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// The test installs Helm release `name` in `namespace`.
+    fn release(&mut self, name: &str, namespace: &str) {
+        self.releases.push((name.to_owned(), namespace.to_owned()));
+    }
+
+    /// The test makes `namespace` (other than with `Cluster::task_namespace`).
+    fn namespace(&mut self, namespace: &str) {
+        self.namespaces.push(namespace.to_owned());
+    }
+
+    /// Run `kubectl`, writing out a failure instead of panicking (a drop must not).
+    fn kubectl(&self, args: &[&str]) -> Option<String> {
+        self.cluster
+            .kubectl(args)
+            .inspect_err(|e| note(&format!("{}: {e:#}", self.test)))
+            .ok()
+    }
+
+    /// What a failed test left: its tasks deleted while an operator may still take their
+    /// finalizers off (else the finalizers dropped), then its releases uninstalled.
+    fn clean_up_after_a_failure(&self, namespaces: &[String]) {
+        note(&format!(
+            "{} failed: deleting its PeragoTasks and uninstalling its releases",
+            self.test
+        ));
+        for namespace in namespaces {
+            let deleted = self.cluster.kubectl(&[
+                "delete",
+                "peragotasks",
+                "--all",
+                "-n",
+                namespace,
+                "--wait",
+                "--timeout=60s",
+            ]);
+            if deleted.is_ok() {
+                continue;
+            }
+            let left = self
+                .kubectl(&["get", "peragotasks", "-n", namespace, "-o", "name"])
+                .unwrap_or_default();
+            for task in left.lines().filter(|l| !l.is_empty()) {
+                self.kubectl(&[
+                    "patch",
+                    task,
+                    "-n",
+                    namespace,
+                    "--type=merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]);
+            }
+        }
+        for (release, namespace) in &self.releases {
+            let installed = self
+                .cluster
+                .helm(&["status", release, "-n", namespace])
+                .is_ok();
+            if installed {
+                let uninstalled =
+                    self.cluster
+                        .helm(&["uninstall", release, "-n", namespace, "--wait"]);
+                if let Err(e) = uninstalled {
+                    note(&format!("{}: {e:#}", self.test));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut namespaces = perago_e2e::cluster::namespaces_made_here();
+        namespaces.extend(self.namespaces.iter().cloned());
+        if std::thread::panicking() {
+            self.clean_up_after_a_failure(&namespaces);
+        }
+        let mut operators: Vec<String> = self.releases.iter().map(|(_, n)| n.clone()).collect();
+        operators.sort();
+        operators.dedup();
+        namespaces.retain(|n| !operators.contains(n));
+        for namespace in operators.iter().chain(&namespaces) {
+            // A namespace already terminating (the quickstart's page deletes its own) answers
+            // with a conflict: it is going already.
+            let _ = self.cluster.kubectl(&[
+                "delete",
+                "namespace",
+                namespace,
+                "--ignore-not-found",
+                "--wait=false",
+            ]);
+        }
+        let waited = Instant::now();
+        if !operators.is_empty() {
+            let mut args = vec!["wait", "--for=delete", "--timeout=180s"];
+            let names: Vec<String> = operators.iter().map(|n| format!("namespace/{n}")).collect();
+            args.extend(names.iter().map(String::as_str));
+            self.kubectl(&args);
+        }
+        note(&format!(
+            "{} held the node {:.1?} (its operator namespaces went in {:.1?})",
+            self.test,
+            self.since.elapsed(),
+            waited.elapsed()
+        ));
+    }
+}
+
+/// A line written past libtest's capture, so that CI's log shows it for a test that passes
+/// too: where the binary's time goes, and what a failed test's turn cleaned up.
+fn note(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("[installs] {line}\n").as_bytes());
+}
 
 fn task(name: &str, work_volume: bool) -> String {
     task_in(NAMESPACE, name, work_volume)
@@ -96,7 +270,12 @@ async fn an_upgrade_applies_the_new_crd_first_and_helm_test_passes_after_it() {
         return;
     }
     let services = shared(Selection::ALL).await;
-    let _turn = INSTALLS.lock().await;
+    let mut turn = Turn::take(
+        "an_upgrade_applies_the_new_crd_first_and_helm_test_passes_after_it",
+        services,
+    )
+    .await;
+    turn.release(RELEASE, OPERATOR_NAMESPACE);
     let node = services.node();
     let dir = services.dir().join("upgrade");
     std::fs::create_dir_all(&dir).unwrap();
@@ -247,6 +426,7 @@ async fn an_upgrade_applies_the_new_crd_first_and_helm_test_passes_after_it() {
 /// watches after its RBAC is removed. The next test's tasks would otherwise be reconciled by
 /// it (their TaskDef registered, but its event refused) before their own operator sees them.
 fn uninstall(cluster: &Cluster, release: &str, namespace: &str) {
+    let started = Instant::now();
     cluster
         .helm(&["uninstall", release, "-n", namespace, "--wait"])
         .unwrap();
@@ -263,6 +443,10 @@ fn uninstall(cluster: &Cluster, release: &str, namespace: &str) {
             "--timeout=120s",
         ])
         .unwrap();
+    eprintln!(
+        "uninstalled {release} and its operator's pods went in {:.1?}",
+        started.elapsed()
+    );
 }
 
 /// Wait until `namespace/name` is Ready; on a timeout, the task and the operators' logs say why.
@@ -303,6 +487,7 @@ fn explain(cluster: &Cluster, namespace: &str) -> String {
 /// Delete every PeragoTask of `namespace` and wait until they are gone (their operator removes
 /// its finalizer); on a timeout, the tasks and the operators' logs say why.
 fn delete_tasks(cluster: &Cluster, namespace: &str) {
+    let started = Instant::now();
     let deleted = cluster.kubectl(&[
         "delete",
         "peragotasks",
@@ -318,6 +503,10 @@ fn delete_tasks(cluster: &Cluster, namespace: &str) {
             explain(cluster, namespace)
         );
     }
+    eprintln!(
+        "the PeragoTasks of {namespace} went in {:.1?}",
+        started.elapsed()
+    );
 }
 
 /// The `reportingInstance` of the `TaskDefRegistered` event of `namespace/name`: the operator
@@ -345,10 +534,17 @@ async fn two_namespaced_releases_each_manage_only_their_own_namespace() {
         return;
     }
     let services = shared(Selection::ALL).await;
-    let _turn = INSTALLS.lock().await;
+    let mut turn = Turn::take(
+        "two_namespaced_releases_each_manage_only_their_own_namespace",
+        services,
+    )
+    .await;
     let release = &services.node().release;
     let cluster = Cluster::new(services).unwrap();
     let teams = [("team-a", "tasks-a"), ("team-b", "tasks-b")];
+    for (team, _) in teams {
+        turn.release(team, team);
+    }
     for (team, tasks) in teams {
         cluster.task_namespace(tasks).unwrap();
         let watch = format!("watchNamespaces={{{tasks}}}");
@@ -453,4 +649,7 @@ async fn two_namespaced_releases_each_manage_only_their_own_namespace() {
         delete_tasks(&cluster, tasks);
         uninstall(&cluster, team, team);
     }
+    // Never reconciled, so no finalizer: it goes at once (the quickstart's test finds no
+    // PeragoTask of another test).
+    delete_tasks(&cluster, "tasks-c");
 }

@@ -6,8 +6,6 @@
 //! run with that rule, feeds the example HPA, which scales a task. The chart's
 //! `tracing.otlpEndpoint` sends each attempt's trace to a real OpenTelemetry Collector.
 
-#![allow(clippy::unwrap_used)]
-
 use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE, RELEASE};
 use perago_e2e::collector::Collector;
 use perago_e2e::node::{BRIDGE_IP, BUSYBOX_BODY_IMAGE};
@@ -15,6 +13,8 @@ use perago_e2e::pod::ConductorApi;
 use perago_e2e::prometheus::{Discovery, Prometheus, pod_monitor_jobs, service_monitor_jobs};
 use perago_e2e::{Selection, shared};
 use serde_json::{Value, json};
+
+use super::{Turn, delete_tasks, uninstall};
 
 const NAMESPACE: &str = "monitoring";
 
@@ -108,6 +108,12 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         return;
     }
     let services = shared(Selection::ALL).await;
+    let mut turn = Turn::take(
+        "monitoring::prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_the_task",
+        services,
+    )
+    .await;
+    turn.release(RELEASE, OPERATOR_NAMESPACE);
     let cluster = Cluster::new(services).unwrap();
     let dir = services.dir().join("monitoring");
     // The collector listens on the node's bridge, which the executor pods reach.
@@ -159,7 +165,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         .unwrap();
 
     // The query docs/autoscaling.md gives KEDA's Prometheus trigger, aimed at this task.
-    let autoscaling = include_str!("../../docs/autoscaling.md");
+    let autoscaling = include_str!("../../../docs/autoscaling.md");
     let keda = &autoscaling[autoscaling.find("## KEDA").unwrap()..];
     let query = keda
         .split("```promql\n")
@@ -322,7 +328,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     // The HPA example, run: prometheus-adapter serves the rule of docs/autoscaling.md from
     // this Prometheus, and the HPA scales a task whose six attempts (one slot per pod, each
     // running half a minute) need three pods at the example's two per pod.
-    let autoscaling = include_str!("../../docs/autoscaling.md");
+    let autoscaling = include_str!("../../../docs/autoscaling.md");
     let section = &autoscaling[autoscaling.find("## An HPA on external metrics").unwrap()..];
     let values: Value = serde_yaml::from_str(
         section
@@ -332,7 +338,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
             .unwrap(),
     )
     .unwrap();
-    let _adapter = perago_e2e::adapter::PrometheusAdapter::start(
+    let adapter = perago_e2e::adapter::PrometheusAdapter::start(
         &dir,
         &services.kube().kubeconfig,
         &cluster,
@@ -350,7 +356,7 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
         ))
         .unwrap();
     cluster.wait_ready(NAMESPACE, "busy").unwrap();
-    let example = include_str!("../../deploy/examples/scalers/hpa-external-metrics.yaml");
+    let example = include_str!("../../../deploy/examples/scalers/hpa-external-metrics.yaml");
     let mut hpa: Value = serde_yaml::from_str(example).unwrap();
     hpa["metadata"]["namespace"] = json!(NAMESPACE);
     hpa["spec"]["scaleTargetRef"]["name"] = json!("busy");
@@ -412,4 +418,11 @@ async fn prometheus_scrapes_what_the_chart_monitors_and_the_scaler_queries_see_t
     for id in workflows {
         conductor.terminate(&id).await;
     }
+
+    // Leave the cluster as found: the external metrics API unregistered (the adapter's stop;
+    // an APIService nobody serves would keep namespaces from being deleted), the tasks gone
+    // while their operator runs (finalizers), then the release.
+    drop(adapter);
+    delete_tasks(&cluster, NAMESPACE);
+    uninstall(&cluster, RELEASE, OPERATOR_NAMESPACE);
 }

@@ -11,9 +11,11 @@
 //!
 //! After the page's last block, the test checks the end state itself: the workflow completed,
 //! both steps did, the published commit is `main`'s head with the step's `perago.*` metadata
-//! and the counts file, the operator and the tasks are gone and the namespaces going.
-
-#![allow(clippy::unwrap_used)]
+//! and the counts file, the operator and the tasks are gone and the namespaces going. The page
+//! installs and uninstalls its own release (`perago-operator` in `perago-system`); the test's
+//! turn waits until `perago-system`, which the page deletes, is gone (the next test installs
+//! there), and cleans up after a failed block.
+//! To run it alone: `cargo test -p perago-e2e --test installs -- quickstart`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -21,13 +23,15 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use perago_e2e::cluster::Cluster;
+use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
 use perago_e2e::lake::Lake;
 use perago_e2e::node::{BUSYBOX_BODY_IMAGE, ctr};
 use perago_e2e::pod::ConductorApi;
 use perago_e2e::process::{obtain, release_binaries};
 use perago_e2e::services::{LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY};
 use perago_e2e::{Selection, shared};
+
+use super::Turn;
 
 /// How long one block of the page may take (its own waits are shorter).
 const BLOCK_LIMIT: Duration = Duration::from_secs(600);
@@ -273,6 +277,10 @@ async fn the_quickstart_runs_as_written() {
     }
 
     let services = shared(Selection::ALL).await;
+    let mut turn = Turn::take("quickstart::the_quickstart_runs_as_written", services).await;
+    // What the page installs and makes (its first blocks), for the turn to clean up.
+    turn.release("perago-operator", OPERATOR_NAMESPACE);
+    turn.namespace("quickstart");
     let node = services.node();
     let cluster = Cluster::new(services).unwrap();
     let dir = services.dir().join("quickstart");

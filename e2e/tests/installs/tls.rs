@@ -4,13 +4,11 @@
 //! servers only with the task's `tls.caBundleRef`; `kubectl perago` only with `--ca-file` or
 //! the platform's `SSL_CERT_FILE`.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
-use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
+use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE, RELEASE};
 use perago_e2e::lake::Lake;
 use perago_e2e::node::BUSYBOX_BODY_IMAGE;
 use perago_e2e::pki::{Authority, Usage};
@@ -18,6 +16,8 @@ use perago_e2e::pod::ConductorApi;
 use perago_e2e::services::{Conductor, LAKEFS_ACCESS_KEY_ID, LAKEFS_SECRET_ACCESS_KEY, LakeFs};
 use perago_e2e::{Selection, shared};
 use serde_json::json;
+
+use super::{Turn, delete_tasks, uninstall};
 
 const NAMESPACE: &str = "tls";
 
@@ -76,6 +76,12 @@ async fn servers_behind_a_private_ca_are_trusted_with_its_bundle_only() {
         return;
     }
     let services = shared(Selection::ALL).await;
+    let mut turn = Turn::take(
+        "tls::servers_behind_a_private_ca_are_trusted_with_its_bundle_only",
+        services,
+    )
+    .await;
+    turn.release(RELEASE, OPERATOR_NAMESPACE);
     let dir = services.dir().join("private-ca");
     let authority = Authority::create(&dir.join("pki")).unwrap();
     let serving = authority
@@ -221,4 +227,12 @@ async fn servers_behind_a_private_ca_are_trusted_with_its_bundle_only() {
         let view: serde_json::Value = serde_json::from_slice(&trusted.stdout).unwrap();
         assert_eq!(view["head"], json!(head), "{trust}: {view}");
     }
+
+    // Leave the cluster as found: the tasks go while their operator runs (its finalizer
+    // applies the TaskDef deletion policy on this Conductor, still serving), then the
+    // release; the HTTPS servers stop after them, and the turn deletes the namespaces (the
+    // operator's with its `corp-ca` ConfigMap).
+    delete_tasks(&cluster, NAMESPACE);
+    uninstall(&cluster, RELEASE, OPERATOR_NAMESPACE);
+    drop((conductor, lakefs));
 }
