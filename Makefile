@@ -73,7 +73,11 @@ release-binaries: prerequisites
 	PERAGO_REVISION=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown) \
 	  $(CARGO) build --release --locked --target $(RELEASE_TARGET) -p perago-operator -p perago-sidecar -p perago-runner -p perago-kubectl --bins
 	mkdir -p $(OUT)
-	cp $(addprefix target/$(RELEASE_TARGET)/release/,perago-operator perago-sidecar perago-runner kubectl-perago) $(OUT)/
+	@# Copied beside and renamed into place: a test may be running one of them (CI builds
+	@# this again beside the node's tests), and a busy executable cannot be written.
+	for bin in perago-operator perago-sidecar perago-runner kubectl-perago; do \
+	  cp target/$(RELEASE_TARGET)/release/$$bin $(OUT)/.$$bin.new && mv -f $(OUT)/.$$bin.new $(OUT)/$$bin || exit 1; \
+	done
 
 ## A release: multi-architecture images (image indexes), the chart as an OCI artifact with its
 ## images pinned by digest, a CycloneDX SBOM per image, kubectl-perago archives and their krew

@@ -130,7 +130,6 @@ impl ExecutionDir {
     async fn write_params(&self, text: Vec<u8>) -> std::io::Result<()> {
         let path = self.file(files::PARAMS);
         if text.len() > PARAMS_WRITTEN_IN_PLACE {
-            let _ = std::fs::remove_file(self.path.join(PARAMS_SPARE));
             return tokio::task::spawn_blocking(move || std::fs::write(path, text))
                 .await
                 .map_err(std::io::Error::other)?;
