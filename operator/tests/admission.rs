@@ -250,16 +250,28 @@ fn note(line: &str) {
 const NAMESPACE: &str = "admission";
 const DENIED: &str = "admission webhook \"validate.peragotasks.perago.io\" denied the request: ";
 
-fn manifest(doc: &Value) -> String {
+/// `doc` in `namespace`, as YAML.
+fn manifest_in(namespace: &str, doc: &Value) -> String {
     let mut doc = doc.clone();
-    doc["metadata"]["namespace"] = NAMESPACE.into();
+    doc["metadata"]["namespace"] = namespace.into();
     serde_yaml::to_string(&doc).unwrap()
 }
 
-/// `kubectl apply` of `doc` (extra args first): Ok(stderr) or Err(stderr).
+/// `kubectl apply` of `doc` in this suite's namespace (extra args first).
 fn apply(cluster: &Cluster, extra: &[&str], doc: &Value) -> Result<String, String> {
+    apply_in(cluster, NAMESPACE, extra, doc)
+}
+
+/// `kubectl apply --server-side` of `doc` in `namespace` (extra args first): Ok(stderr) or
+/// Err(stderr).
+fn apply_in(
+    cluster: &Cluster,
+    namespace: &str,
+    extra: &[&str],
+    doc: &Value,
+) -> Result<String, String> {
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), manifest(doc)).unwrap();
+    std::fs::write(file.path(), manifest_in(namespace, doc)).unwrap();
     let path = file.path().to_str().unwrap().to_owned();
     let mut args = vec!["apply", "--server-side"];
     args.extend(extra);
@@ -445,7 +457,9 @@ async fn the_webhook_refuses_what_the_check_refuses() {
     cases::set(&mut old, "spec.taskName", "admission.before".into());
     cases::set(&mut old, "spec.controls.retry.count", 7.into());
     cases::set(&mut old, "spec.workspace.pre.0.path", "../outside".into());
-    cluster.apply_without_webhook(&[manifest(&old)]).unwrap();
+    cluster
+        .apply_without_webhook(&[manifest_in(NAMESPACE, &old)])
+        .unwrap();
     let stalled = cluster.kubectl(&[
         "wait",
         "-n",

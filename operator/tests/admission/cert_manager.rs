@@ -13,29 +13,9 @@ use perago_e2e::cluster::{Cluster, OPERATOR_NAMESPACE};
 use perago_e2e::process::ServerProcess;
 use perago_e2e::{Selection, shared};
 
-use super::{DENIED, Turn, cases};
+use super::{DENIED, Turn, apply_in, cases};
 
 const NAMESPACE: &str = "admission-cert-manager";
-
-/// `kubectl apply --server-side` of `doc`: Ok(stderr) or Err(stderr).
-fn apply(cluster: &Cluster, doc: &serde_yaml::Value) -> Result<String, String> {
-    let mut doc = doc.clone();
-    doc["metadata"]["namespace"] = NAMESPACE.into();
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), serde_yaml::to_string(&doc).unwrap()).unwrap();
-    let out = std::process::Command::new(perago_e2e::process::obtain("kubectl").unwrap())
-        .args(["apply", "--server-side", "-f"])
-        .arg(file.path())
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if out.status.success() {
-        Ok(stderr)
-    } else {
-        Err(stderr)
-    }
-}
 
 #[tokio::test]
 async fn with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issued() {
@@ -158,14 +138,14 @@ async fn with_cert_manager_the_webhook_serves_the_certificate_cert_manager_issue
         .unwrap();
     let mut bad = cases::base();
     cases::set(&mut bad, path, value);
-    let refused = apply(&cluster, &bad).expect_err(path);
+    let refused = apply_in(&cluster, NAMESPACE, &[], &bad).expect_err(path);
     assert!(
         refused.contains(DENIED) && refused.contains(expected),
         "{path}: {refused}"
     );
     let mut good = cases::base();
     cases::set(&mut good, "spec.taskName", "admission.cert-manager".into());
-    apply(&cluster, &good).unwrap();
+    apply_in(&cluster, NAMESPACE, &[], &good).unwrap();
     eprintln!("with cert-manager: {path} refused with the check's message, a valid task stored");
     turn.leave();
 }
