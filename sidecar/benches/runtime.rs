@@ -741,6 +741,19 @@ fn compiled_body() -> std::io::Result<()> {
     Ok(())
 }
 
+/// One run of a persistent body against the anchors of the same run, for the goals of
+/// docs/benchmarks.md#the-goals-run-by-run.
+struct Goals {
+    slots: u32,
+    /// Throughput against the bare loop's at as many workers.
+    to_bare: f64,
+    p50_at_most_python: bool,
+    /// The stack's CPU per task as a share of Python Perago's.
+    cpu_share: f64,
+    /// The same, less what the bare loop's client spends on the two Conductor calls.
+    beyond_the_calls: f64,
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
@@ -998,9 +1011,9 @@ async fn bench() {
         ("compiled", &compiled1s, &compiled4s),
     ] {
         let mut goals = Vec::new();
-        for (label, warm, theirs, bare) in [
-            ("1 slot / -j 1", one_slot, &theirs1, &bare1s),
-            ("4 slots / -j 4", four_slots, &theirs4, &bare4s),
+        for (slots, label, warm, theirs, bare) in [
+            (1, "1 slot / -j 1", one_slot, &theirs1, &bare1s),
+            (4, "4 slots / -j 4", four_slots, &theirs4, &bare4s),
         ] {
             let runs = warm.iter().zip(theirs).zip(bare.iter());
             for (run, ((pod, theirs), bare)) in runs.enumerate() {
@@ -1026,32 +1039,45 @@ async fn bench() {
                     theirs.cpu_ms_per_task(),
                     100.0 * cpu_share,
                 );
-                goals.push((
+                goals.push(Goals {
+                    slots,
                     to_bare,
-                    to_python,
-                    ours.percentile(0.5) <= theirs.percentile(0.5),
+                    p50_at_most_python: ours.percentile(0.5) <= theirs.percentile(0.5),
                     cpu_share,
-                ));
+                    beyond_the_calls: (ours.cpu_ms_per_task() - bare.cpu_ms_per_task())
+                        / theirs.cpu_ms_per_task(),
+                });
             }
         }
-        let (min, max) = (
-            |f: fn(&(f64, f64, bool, f64)) -> f64| {
-                goals.iter().map(f).fold(f64::INFINITY, f64::min)
-            },
-            |f: fn(&(f64, f64, bool, f64)) -> f64| goals.iter().map(f).fold(0.0, f64::max),
+        let range = |slots: Option<u32>, f: fn(&Goals) -> f64| {
+            let values = goals
+                .iter()
+                .filter(|g| slots.is_none_or(|s| g.slots == s))
+                .map(f);
+            values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+        };
+        let (cpu, beyond) = (
+            range(None, |g| g.cpu_share),
+            range(None, |g| g.beyond_the_calls),
         );
-        let (worst_bare, worst_python) = (min(|g| g.0), min(|g| g.1));
-        let (best_cpu, worst_cpu) = (min(|g| g.3), max(|g| g.3));
+        let to_bare = range(Some(4), |g| g.to_bare);
+        let p50 = goals
+            .iter()
+            .filter(|g| g.slots == 1)
+            .all(|g| g.p50_at_most_python);
         println!(
-            "targets for persistent {kind} bodies, every run: throughput ≥ 0.95× the bare loop: ×{worst_bare:.2}–{:.2} {}; ≥ Python's: ×{worst_python:.2}–{:.2} {}; p50 ≤ Python's: {}; CPU per task ≤ 1/3 of Python's: {:.0}–{:.0}% {}",
-            max(|g| g.0),
-            verdict(worst_bare >= 0.95),
-            max(|g| g.1),
-            verdict(worst_python >= 1.0),
-            verdict(goals.iter().all(|g| g.2)),
-            100.0 * best_cpu,
-            100.0 * worst_cpu,
-            verdict(worst_cpu * 3.0 <= 1.0),
+            "goals for persistent {kind} bodies, every run: CPU per task ≤ 1/3 of Python's: {:.0}–{:.0}% {} (beyond the bare loop's client, which makes the same two Conductor calls: {:.0}–{:.0}%); throughput at 4 slots ≥ 0.9× the bare loop: ×{:.2}–{:.2} {}; p50 at 1 slot ≤ Python's: {}",
+            100.0 * cpu.0,
+            100.0 * cpu.1,
+            verdict(cpu.1 * 3.0 <= 1.0),
+            100.0 * beyond.0,
+            100.0 * beyond.1,
+            to_bare.0,
+            to_bare.1,
+            verdict(to_bare.0 >= 0.9),
+            verdict(p50),
         );
     }
     // What the goal of a third of Python's CPU leaves a stack once Conductor's two calls per
