@@ -48,6 +48,9 @@ static OPERATOR: OnceCell<Cluster> = OnceCell::const_new();
 static POLICIES: OnceCell<PolicyEnforcer> = OnceCell::const_new();
 /// Flux's controllers and Git server, started by the first GitOps scenario (`pods/gitops.rs`).
 static FLUX: OnceCell<perago_e2e::flux::Flux> = OnceCell::const_new();
+/// The Python body image (`e2e/bin/images`, `IMAGE_SET=python`), built and imported into the
+/// node by the first test that runs a Python body.
+static PYTHON_BODY: OnceCell<String> = OnceCell::const_new();
 /// The tests' turns on the operator: shared, or one test alone while it stops the operator.
 /// tokio's lock is fair: a test waiting to be alone waits only for the turns taken before it.
 static TURNS: RwLock<()> = RwLock::const_new(());
@@ -165,6 +168,28 @@ async fn operator(test: &str) -> Option<(&'static Services, &'static Cluster)> {
 async fn cluster(test: &str) -> Option<(Turn, &'static Services, &'static Cluster)> {
     let (services, cluster) = operator(test).await?;
     Some((Turn::shared(&TURNS, Some(test)).await, services, cluster))
+}
+
+/// The Python body image's reference, once it is in the node's containerd.
+async fn python_body_image(services: &'static Services) -> &'static str {
+    PYTHON_BODY
+        .get_or_init(|| async {
+            let started = std::time::Instant::now();
+            let (image, archive) =
+                perago_e2e::node::build_python_body_image(&services.dir().join("python-body"))
+                    .unwrap();
+            services
+                .node()
+                .containerd
+                .import(&[(image.clone(), archive)])
+                .unwrap();
+            eprintln!(
+                "Python body image built and imported in {:.1?}",
+                started.elapsed()
+            );
+            image
+        })
+        .await
 }
 
 fn workspace_task(namespace: &str, name: &str, script: &str) -> String {

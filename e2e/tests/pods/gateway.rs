@@ -276,14 +276,7 @@ async fn the_gateway_admits_the_sidecar_and_refuses_the_body_beside_it() {
             &json!({"executor": {"replicas": 0}}),
         ))
         .unwrap();
-    let (python, archive) =
-        perago_e2e::node::build_python_body_image(&services.dir().join("gateway-python-body"))
-            .unwrap();
-    services
-        .node()
-        .containerd
-        .import(&[(python.clone(), archive)])
-        .unwrap();
+    let python = super::python_body_image(services).await;
     cluster
         .apply(&rig.task(
             namespace,

@@ -11,11 +11,13 @@ use serde_json::{Value, json};
 
 use super::*;
 
-/// A step that takes long enough for the pods to be seen busy and then suspended.
+/// A step that takes `params.n` seconds (8 without it): long enough for the pods to be seen
+/// busy and then suspended.
 const SLOW_BODY: &str = r#"
 set -eu
 echo "body: working"
-sleep 8
+seconds=$(sed -n 's/.*"n": *\([0-9][0-9]*\).*/\1/p' "$PERAGO_PARAMS")
+sleep "${seconds:-8}"
 printf '{"files": 0}' > "$PERAGO_RESULT"
 echo "body: done"
 "#;
@@ -75,9 +77,13 @@ async fn status_suspend_and_resume_operate_a_task_from_its_name() {
     cluster.wait_ready(namespace, name).unwrap();
     let (_lake, repository, input_ref) = seeded(services, "pods-operate").await;
     let conductor = ConductorApi::new(&services.conductor().api_url);
+    // The queue hands out the first four first: those run for 20 s, enough for the status
+    // reads and the suspend to reach the pods while they work on a busy machine; the two
+    // left queued take a second once resumed.
     let mut workflows = Vec::new();
     for i in 0..6 {
         let case = format!("operate-{i}");
+        let seconds = if i < 4 { 20 } else { 1 };
         workflows.push(
             start_step(
                 &conductor,
@@ -86,7 +92,7 @@ async fn status_suspend_and_resume_operate_a_task_from_its_name() {
                 &case,
                 &repository,
                 &input_ref,
-                0,
+                seconds,
             )
             .await,
         );

@@ -595,18 +595,7 @@ async fn a_python_perago_module_runs_unchanged_in_a_persistent_body_on_the_node(
         return;
     };
     let (namespace, name) = ("pods-python", "split");
-    let started = std::time::Instant::now();
-    let (image, archive) =
-        perago_e2e::node::build_python_body_image(&services.dir().join("python-body")).unwrap();
-    services
-        .node()
-        .containerd
-        .import(&[(image.clone(), archive)])
-        .unwrap();
-    eprintln!(
-        "Python body image built and imported in {:.1?}",
-        started.elapsed()
-    );
+    let image = super::python_body_image(services).await;
 
     let modules = tempfile::tempdir().unwrap();
     std::fs::write(modules.path().join("splitter.py"), PYTHON_MODULE).unwrap();
