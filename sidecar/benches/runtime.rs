@@ -19,10 +19,12 @@
 //! drifts over a benchmark as its database grows.
 //!
 //! PERAGO_BENCH_TASKS (default 300) sets the tasks per run, PERAGO_BENCH_RUNS (default 3) the
-//! runs of each stack beside the other, whose spread is printed.
+//! runs of each stack beside the other, whose spread is printed. `PERAGO_E2E_STORAGE=s3` runs
+//! Conductor on PostgreSQL instead of SQLite, which serializes every write.
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -304,6 +306,33 @@ struct PodRun {
     runner_peak_mb: f64,
     /// Recorded for bodies under the runner (zero otherwise).
     cpu_ms_per_task: CpuSplit,
+    /// Mean milliseconds per attempt of each phase the sidecar times, from its own
+    /// `perago_sidecar_phase_duration_seconds` (recorded for bodies under the runner).
+    phases_ms: Vec<(String, f64)>,
+}
+
+/// Each phase's mean duration in milliseconds, from the sums and counts of the sidecar's
+/// phase histogram in `metrics` (Prometheus' text format).
+fn phase_means_ms(metrics: &str) -> Vec<(String, f64)> {
+    const FAMILY: &str = "perago_sidecar_phase_duration_seconds";
+    let series = |suffix: &str| -> BTreeMap<String, f64> {
+        let prefix = format!("{FAMILY}_{suffix}{{phase=\"");
+        metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| {
+                let (phase, value) = l.split_once("\"} ")?;
+                Some((phase.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    let (sums, counts) = (series("sum"), series("count"));
+    sums.into_iter()
+        .filter_map(|(phase, sum)| {
+            let count = *counts.get(&phase).filter(|c| **c > 0.0)?;
+            Some((phase, 1000.0 * sum / count))
+        })
+        .collect()
 }
 
 async fn start_pod(bins: &PodBinaries, url: &str, slots: u32) -> Pod {
@@ -345,6 +374,7 @@ async fn sidecar_run(api: &Arc<ConductorApi>, bins: &PodBinaries, n: usize, slot
         sidecar_peak_mb: sidecar_peak,
         runner_peak_mb: runner_peak,
         cpu_ms_per_task: CpuSplit::default(),
+        phases_ms: Vec::new(),
     }
 }
 
@@ -613,6 +643,7 @@ async fn body_run(
         let _ = perf.wait_with_output().await;
     }
     all_completed(&pod, n).await;
+    let phases_ms = phase_means_ms(&pod.metrics().await);
     pod.stop().await;
     let figures = figures(api, &ids, seconds, cpu).await;
     let per_task = 1000.0 / figures.completed.max(1) as f64;
@@ -626,6 +657,7 @@ async fn body_run(
             runner: split.runner * per_task,
             bodies: split.bodies * per_task,
         },
+        phases_ms,
     }
 }
 
@@ -885,8 +917,12 @@ async fn bench() {
     let (bare1, bare4) = (&bare1s[0], &bare4s[0]);
 
     println!(
-        "Conductor {} (SQLite) on this machine, {n} tasks per run, {runs} runs",
-        services.conductor().version
+        "Conductor {} ({}) on this machine, {n} tasks per run, {runs} runs",
+        services.conductor().version,
+        match perago_e2e::storage::Storage::from_env() {
+            Ok(perago_e2e::storage::Storage::PostgresS3) => "PostgreSQL",
+            _ => "SQLite",
+        }
     );
     println!("{}", bare1.line("bare loop, 1 worker", n));
     println!("{}", bare4.line("bare loop, 4 workers", n));
@@ -1038,6 +1074,15 @@ async fn bench() {
                     theirs.percentile(0.5),
                     theirs.cpu_ms_per_task(),
                     100.0 * cpu_share,
+                );
+                let phases: Vec<String> = pod
+                    .phases_ms
+                    .iter()
+                    .map(|(phase, ms)| format!("{phase} {ms:.2}"))
+                    .collect();
+                println!(
+                    "      the sidecar's phases, mean ms per attempt: {}",
+                    phases.join(", ")
                 );
                 goals.push(Goals {
                     slots,

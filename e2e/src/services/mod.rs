@@ -132,9 +132,12 @@ impl Services {
             Storage::Embedded => Storage::from_env()?,
             chosen => chosen,
         };
-        // On PostgreSQL and S3, Conductor keeps its state in the same PostgreSQL as lakeFS.
-        let postgres = match (storage, selection.lakefs) {
-            (Storage::PostgresS3, true) => Some(Arc::new(Postgres::start(path, host).await?)),
+        // On PostgreSQL and S3, Conductor keeps its state in PostgreSQL too (the same server
+        // as lakeFS's when both run).
+        let postgres = match storage {
+            Storage::PostgresS3 if selection.lakefs || selection.conductor => {
+                Some(Arc::new(Postgres::start(path, host).await?))
+            }
             _ => None,
         };
         // The cluster (the apiserver, then the node) starts beside Conductor and lakeFS: the
