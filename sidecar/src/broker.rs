@@ -87,6 +87,29 @@ impl PollPacing {
     }
 }
 
+/// What a poll asks Conductor for: how many tasks, and how long the server may wait for them.
+#[derive(Debug, PartialEq, Eq)]
+struct PollAsk {
+    count: u32,
+    wait: Duration,
+}
+
+/// The next poll, for `free` slots (at least one). Conductor's SQL queues (SQLite, PostgreSQL)
+/// answer a batch poll once they hold `count` tasks or its long poll is over, so a poll that
+/// waits asks for one task: asking for more would keep the tasks already queued until the
+/// wait ends. More than one is asked for only without waiting, right after a poll that
+/// brought tasks, when the queue may hold more (ADR 0052).
+fn next_poll(free: u32, queue_had_tasks: bool, wait: Duration) -> PollAsk {
+    if free > 1 && queue_had_tasks {
+        PollAsk {
+            count: free,
+            wait: Duration::ZERO,
+        }
+    } else {
+        PollAsk { count: 1, wait }
+    }
+}
+
 impl Broker {
     /// Poll until `stop` turns true, then drain. Returns when every attempt is reported.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
@@ -94,6 +117,7 @@ impl Broker {
         let mut inflight = JoinSet::new();
         let mut slots = self.hub.subscribe();
         let mut pacing = PollPacing::new(self.settings.poll_interval);
+        let mut queue_had_tasks = false;
         let task_name = self.contract.task_name.clone();
         while !*stop.borrow() {
             while inflight.try_join_next().is_some() {}
@@ -106,9 +130,10 @@ impl Broker {
                 }
                 continue;
             }
+            let ask = next_poll(free, queue_had_tasks, self.settings.poll_wait);
             // Lease the slots before the poll: a task the poll brings always has one, even if
             // the runner starts draining while the poll is in flight.
-            let mut leases: Vec<(String, Lease)> = (0..free)
+            let mut leases: Vec<(String, Lease)> = (0..ask.count)
                 .map_while(|_| {
                     let execution_id = uuid::Uuid::new_v4().simple().to_string();
                     let lease = self.hub.lease(&execution_id)?;
@@ -125,8 +150,8 @@ impl Broker {
                     &task_name,
                     self.settings.domain.as_deref(),
                     &self.settings.worker_id,
-                    u32::try_from(leases.len()).unwrap_or(free),
-                    self.settings.poll_wait,
+                    u32::try_from(leases.len()).unwrap_or(1),
+                    ask.wait,
                 )
                 .await;
             let poll = (poll_started, SystemTime::now());
@@ -134,7 +159,13 @@ impl Broker {
             for (execution_id, lease) in leases.split_off(taken) {
                 self.hub.release(lease, &execution_id);
             }
+            queue_had_tasks = matches!(&polled, Ok(tasks) if !tasks.is_empty());
             let pause = match polled {
+                // An empty poll that did not wait is followed at once by one that does.
+                Ok(tasks) if tasks.is_empty() && ask.wait < self.settings.poll_wait => {
+                    self.metrics.polls.with_label_values(&["empty"]).inc();
+                    Duration::ZERO
+                }
                 Ok(tasks) if tasks.is_empty() => {
                     self.metrics.polls.with_label_values(&["empty"]).inc();
                     pacing.after_empty()
@@ -472,6 +503,24 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poll_that_waits_asks_for_one_task() {
+        let wait = Duration::from_millis(100);
+        let long_poll = PollAsk { count: 1, wait };
+        // An idle pod, or one slot free: one task, with the long poll.
+        assert_eq!(next_poll(4, false, wait), long_poll);
+        assert_eq!(next_poll(1, false, wait), long_poll);
+        assert_eq!(next_poll(1, true, wait), long_poll);
+        // Right after a poll brought tasks: every free slot's worth, without waiting.
+        assert_eq!(
+            next_poll(3, true, wait),
+            PollAsk {
+                count: 3,
+                wait: Duration::ZERO
+            }
+        );
+    }
 
     #[test]
     fn polls_pause_by_what_the_last_one_brought() {

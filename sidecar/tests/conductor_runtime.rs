@@ -681,6 +681,36 @@ printf '{"total": %d, "seen": {"worker": "%s"}}' "$n" "$PERAGO_WORKER_ID" > "$PE
     );
 }
 
+/// A pod with free slots takes a lone task as soon as it is queued, even with Conductor's
+/// longest long poll: a poll that waits asks for one task, since Conductor would hold the one
+/// it has until the wait ends when asked for more (ADR 0052). Before that, each of these
+/// tasks waited for what was left of a 5 s poll.
+#[tokio::test]
+async fn a_pod_with_free_slots_takes_a_lone_task_at_once() {
+    let c = conductor().await;
+    let task = "rt.lone";
+    let contract = declare_slots(&c, task, DEFAULT_CONTROLS, 4).await;
+    let body = r#"printf '{"total": 1}' > "$PERAGO_RESULT""#;
+    let pod = pod(&c, &contract, body, &[("PERAGO_POLL_TIMEOUT_MS", "5000")]).await;
+    let mut waits = Vec::new();
+    for i in 0..3 {
+        let id = c
+            .start(task, &format!("lone{i}"), json!({"params": {"n": i}}))
+            .await;
+        let wf = c.finished(&id).await;
+        assert_eq!(wf["status"], "COMPLETED", "{wf}");
+        let t = only_task(&wf);
+        // Queued to polled, by Conductor's own clock.
+        waits.push(t["startTime"].as_i64().unwrap() - t["scheduledTime"].as_i64().unwrap());
+    }
+    eprintln!("queued → polled: {waits:?} ms");
+    assert!(
+        waits.iter().all(|ms| *ms < 1000),
+        "each lone task was polled within a second of being queued: {waits:?} ms\n{}",
+        pod.log()
+    );
+}
+
 /// Task metrics reach an OTLP/HTTP endpoint as 0.6.1 sends them: protobuf, the URL as given,
 /// `app.` and `runtime.` names, unit `1`.
 #[tokio::test]
