@@ -1,5 +1,5 @@
-//! The broker: polls Conductor for as many tasks as there are free slots, runs each as an
-//! attempt while keeping its lease alive, and reports the outcome. On shutdown it stops
+//! The broker: polls Conductor for tasks while slots are free, runs each as an attempt while
+//! keeping its lease alive, and reports the outcome. On shutdown it stops
 //! polling, lets in-flight attempts finish within the grace period, and reports them.
 
 use std::sync::Arc;
@@ -161,14 +161,14 @@ impl Broker {
             }
             queue_had_tasks = matches!(&polled, Ok(tasks) if !tasks.is_empty());
             let pause = match polled {
-                // An empty poll that did not wait is followed at once by one that does.
-                Ok(tasks) if tasks.is_empty() && ask.wait < self.settings.poll_wait => {
-                    self.metrics.polls.with_label_values(&["empty"]).inc();
-                    Duration::ZERO
-                }
                 Ok(tasks) if tasks.is_empty() => {
                     self.metrics.polls.with_label_values(&["empty"]).inc();
-                    pacing.after_empty()
+                    // An empty poll that did not wait is followed at once by one that does.
+                    if ask.wait < self.settings.poll_wait {
+                        Duration::ZERO
+                    } else {
+                        pacing.after_empty()
+                    }
                 }
                 Ok(tasks) => {
                     self.metrics.polls.with_label_values(&["tasks"]).inc();
